@@ -1,0 +1,46 @@
+# Goblin: `make demo`, `make test`, `make ui`.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+export GOBLIN_HOME ?= $(CURDIR)/.goblin
+export DAGSTER_HOME ?= $(GOBLIN_HOME)/dagster
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+
+.PHONY: install install-test demo test ui clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+# torch first, pinned to the CPU wheel: a plain `torch` requirement would pull a
+# multi-GB CUDA build on a CPU machine.  An existing torch in range is kept.
+$(VENV)/.installed: $(BIN)/python pyproject.toml
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install --quiet "torch==2.13.0"
+	$(BIN)/pip install --quiet -e .
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
+	$(BIN)/pip install --quiet -e ".[test]"
+	touch $@
+
+install: $(VENV)/.installed
+
+install-test: $(VENV)/.installed-test
+
+$(DAGSTER_HOME)/dagster.yaml:
+	mkdir -p $(DAGSTER_HOME)
+	printf 'telemetry:\n  enabled: false\nconcurrency:\n  pools:\n    default_limit: 1\n' > $@
+
+demo: install $(DAGSTER_HOME)/dagster.yaml
+	$(BIN)/python -m goblin_assets.demo
+
+test: install-test
+	$(BIN)/python -m pytest -q
+
+ui: install $(DAGSTER_HOME)/dagster.yaml
+	$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
+
+clean:
+	rm -rf $(VENV) .goblin

@@ -1,0 +1,405 @@
+"""Shared machinery of ``parse_config``: raw values, candidates and converters.
+
+Every format parser (Python, JSON, YAML, shell) turns its file into ``Raw``
+values under dotted keys; :func:`map_entries` runs them through the synonym
+rows of ``fields.SYNONYMS`` and returns ``Found`` candidates, which
+``config.parse_config`` ranks, completes with tool defaults and turns into a
+ConfigDict.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from goblin_assets.audit import fields as F
+from goblin_assets.contracts import Provenance
+
+Span = tuple[int, int, int, int]
+
+
+@dataclass(frozen=True)
+class Undetermined:
+    """A value that exists in the file but cannot be known before run time."""
+
+    reason: str
+
+
+class _Marker:
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"<{self.name}>"
+
+
+#: The key says nothing about the field (a false flag, an empty YAML value).
+SKIP = _Marker("skip")
+#: DeepSpeed "auto": the value is the trainer's.
+DEFER = _Marker("defer")
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """A warmup given as a fraction of the total steps."""
+
+    value: float
+
+
+@dataclass(frozen=True)
+class Weak:
+    """A converted value that only says "not this flag" (e.g. ``bf16=False``)."""
+
+    value: Any
+
+
+@dataclass
+class Raw:
+    """One value read from a file, before it is mapped to a field."""
+
+    value: Any
+    file: str
+    line: int | None = None
+    span: Span | None = None
+    kind: str = "literal"
+    detail: str = ""
+
+
+@dataclass
+class Found:
+    """A candidate value for one ConfigDict (or auxiliary) field."""
+
+    field: str
+    value: Any
+    prov: Provenance
+    rank: int
+    seq: int = 0
+
+
+_SEQ = [0]
+
+
+def found(field_name: str, value: Any, prov: Provenance, rank: int) -> Found:
+    """A candidate; ``Undetermined`` values become null with kind ``unset``."""
+    _SEQ[0] += 1
+    if isinstance(value, Undetermined):
+        detail = "; ".join(p for p in (value.reason, prov.detail) if p)
+        prov = prov.model_copy(update={"kind": "unset", "detail": detail, "span": None})
+        value = None
+    return Found(field_name, value, prov, rank, _SEQ[0])
+
+
+# --------------------------------------------------------------------------- converters
+
+def _number(value: Any, want: type) -> Any:
+    if value is None:
+        return SKIP
+    if isinstance(value, Undetermined):
+        return value
+    if isinstance(value, bool):
+        return Undetermined(f"{value!r} is not a number")
+    if isinstance(value, str):
+        text = value.strip()
+        if text.lower() == "auto":
+            return DEFER
+        try:
+            value = float(text) if want is float or any(c in text for c in ".eEn") else int(text)
+        except ValueError:
+            return Undetermined(f"{value!r} is not a number")
+    if isinstance(value, (int, float)):
+        if not math.isfinite(value):
+            return Undetermined(f"{value!r} is not a finite number")
+        if want is int:
+            return int(value) if float(value).is_integer() else Undetermined(f"{value!r} is not an integer")
+        return float(value)
+    return Undetermined(f"{value!r} is not a number")
+
+
+def _bool(value: Any) -> Any:
+    if value is None:
+        return SKIP
+    if isinstance(value, Undetermined):
+        return value
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        return bool(value)
+    if isinstance(value, str):
+        low = value.strip().lower()
+        if low in ("true", "yes", "on", "1"):
+            return True
+        if low in ("false", "no", "off", "0", ""):
+            return False
+        if low == "auto":
+            return DEFER
+    return Undetermined(f"{value!r} is not a boolean")
+
+
+def _lookup(table: dict[str, str], value: Any, what: str) -> Any:
+    if value is None:
+        return SKIP
+    if isinstance(value, Undetermined):
+        return value
+    if isinstance(value, bool):
+        value = str(value).lower()
+    if not isinstance(value, str):
+        return SKIP
+    hit = table.get(value.strip().lower())
+    if hit == "skip":
+        return SKIP
+    if hit is None:
+        return None if what == "passthrough" else Undetermined(f"{value!r} is not a known {what}")
+    return hit
+
+
+def _flag(result: str, false_value: Any = SKIP) -> Callable[[Any, Callable[[str], Any]], Any]:
+    def convert(value: Any, sibling: Callable[[str], Any]) -> Any:
+        b = _bool(value)
+        if b is True:
+            return result
+        if b is False:
+            return false_value
+        return b
+
+    return convert
+
+
+def _auto_bf16(value: Any, sibling: Callable[[str], Any]) -> Any:
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return ("bf16", "bf16: auto resolves to bf16 when is_torch_bf16_gpu_available(); "
+                        "True on ROCm (target MI300X), so bf16 there")
+    return _flag("bf16", Weak("fp32"))(value, sibling)
+
+
+def _attn(value: Any, sibling: Callable[[str], Any]) -> Any:
+    hit = _lookup(F.ATTN_NAMES, value, "passthrough")
+    if hit is None:
+        return ("unknown", f"attn_implementation {value!r} is none of sdpa/flash/eager")
+    return hit
+
+
+def _attn_other(value: Any, sibling: Callable[[str], Any]) -> Any:
+    b = _bool(value)
+    if b is True:
+        return ("unknown", "an attention kernel outside sdpa/flash/eager is selected")
+    return SKIP if b is False else b
+
+
+def _optim(value: Any, sibling: Callable[[str], Any]) -> Any:
+    if value is None:
+        return SKIP
+    if isinstance(value, Undetermined):
+        return value
+    return str(value).strip().lower() if isinstance(value, str) else Undetermined(f"{value!r} is not an optimizer")
+
+
+def optimizer_name(component: str, fused: Any) -> tuple[str, str]:
+    """The HF ``optim`` name of an optimizer class path, and a note.
+
+    ``torch.optim.AdamW`` -> ``adamw_torch``; with ``fused=True`` ->
+    ``adamw_torch_fused`` (cases README, "Optimizer names").
+    """
+    cls = component.rsplit(".", 1)[-1]
+    hit = F.OPTIMIZER_CLASSES.get(cls)
+    if hit is None:
+        return component, f"{component} has no Hugging Face optim name"
+    name = hit[0]
+    if _bool(fused) is True and name in F.FUSED_OPTIMIZERS:
+        return F.FUSED_OPTIMIZERS[name], f"{component} with fused=True"
+    return name, f"{component}"
+
+
+def _optim_component(value: Any, sibling: Callable[[str], Any]) -> Any:
+    if not isinstance(value, str):
+        return _optim(value, sibling)
+    return optimizer_name(value, sibling("fused"))
+
+
+def _ds_optim(value: Any, sibling: Callable[[str], Any]) -> Any:
+    if not isinstance(value, str):
+        return _optim(value, sibling)
+    return ("deepspeed:" + value.strip().lower(), "the DeepSpeed optimizer block replaces the trainer's optim")
+
+
+def _warmup(value: Any, sibling: Callable[[str], Any]) -> Any:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < 1:
+        return Ratio(float(value))
+    if isinstance(value, float) and value >= 1:
+        return int(value)
+    if isinstance(value, str):
+        try:
+            as_float = float(value)
+        except ValueError:
+            as_float = None
+        if as_float is not None and 0 < as_float < 1:
+            return Ratio(as_float)
+    return _number(value, int)
+
+
+def _workers(value: Any, sibling: Callable[[str], Any]) -> Any:
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return Undetermined("dataloader_num_workers: 'auto' is a run-time heuristic (oumi: at least 1)")
+    return _number(value, int)
+
+
+def _str(value: Any, sibling: Callable[[str], Any]) -> Any:
+    if value is None:
+        return SKIP
+    if isinstance(value, Undetermined):
+        return value
+    return value if isinstance(value, str) else SKIP
+
+
+def _str_only(value: Any, sibling: Callable[[str], Any]) -> Any:
+    return value if isinstance(value, str) else SKIP
+
+
+def _model_id(value: Any, sibling: Callable[[str], Any]) -> Any:
+    if isinstance(value, str) and value.strip().lower() in F.NOT_MODEL_IDS:
+        return Undetermined(f"init_from={value!r}: no pretrained model id")
+    return _str_only(value, sibling)
+
+
+def _checkpointing(value: Any, sibling: Callable[[str], Any]) -> Any:
+    if isinstance(value, str) and value.strip().lower() in ("offload", "offload_disk", "unsloth"):
+        return (True, f"gradient checkpointing mode {value!r}")
+    return _bool(value)
+
+
+def _not_bool(value: Any, sibling: Callable[[str], Any]) -> Any:
+    b = _bool(value)
+    return (not b) if isinstance(b, bool) else b
+
+
+#: Converter name -> function(value, sibling) returning a value, SKIP, DEFER,
+#: Ratio, Weak, Undetermined, or a (value, note) pair.
+CONVERTERS: dict[str, Callable[[Any, Callable[[str], Any]], Any]] = {
+    "int": lambda v, s: _number(v, int),
+    "float": lambda v, s: _number(v, float),
+    "str": _str,
+    "str_only": _str_only,
+    "model_id": _model_id,
+    "bool": lambda v, s: _bool(v),
+    "not_bool": _not_bool,
+    "checkpointing": _checkpointing,
+    "flag_bf16": _flag("bf16", Weak("fp32")),
+    "flag_fp16": _flag("fp16", Weak("fp32")),
+    "auto_bf16": _auto_bf16,
+    "flag_flash": _flag("flash"),
+    "flag_sdpa": _flag("sdpa"),
+    "flag_eager": _flag("eager"),
+    "flag_other": _attn_other,
+    "dtype": lambda v, s: _lookup(F.DTYPE_NAMES, v, "precision"),
+    "attn": _attn,
+    "lf_attn": lambda v, s: _lookup(F.LF_FLASH_ATTN, v, "LLaMA-Factory flash_attn value"),
+    "optim": _optim,
+    "optim_component": _optim_component,
+    "ds_optim": _ds_optim,
+    "warmup": _warmup,
+    "workers": _workers,
+}
+
+
+def convert(name: str, value: Any, sibling: Callable[[str], Any] = lambda k: None) -> tuple[Any, str]:
+    """Run converter ``name``; returns ``(value, note)``."""
+    out = CONVERTERS[name](value, sibling)
+    if isinstance(out, tuple):
+        return out
+    return out, ""
+
+
+# --------------------------------------------------------------------------- tool tables
+
+def tool_chain(tool: str) -> list[str]:
+    """``tool`` followed by its bases (fields.TOOL_BASE)."""
+    chain = [tool]
+    while chain[-1] in F.TOOL_BASE:
+        chain.append(F.TOOL_BASE[chain[-1]])
+    return chain
+
+
+def tool_rows(tool: str) -> list[tuple[str, str, str, int]]:
+    """Synonym rows of ``tool`` then of its bases."""
+    return [row for t in tool_chain(tool) for row in F.SYNONYMS.get(t, [])]
+
+
+def tool_defaults(tool: str) -> dict[str, tuple[object, str, str]]:
+    """Defaults of ``tool`` over those of its bases, plus the common ones."""
+    out = dict(F.COMMON_DEFAULTS)
+    for t in reversed(tool_chain(tool)):
+        out.update(F.TOOL_DEFAULTS.get(t, {}))
+    return out
+
+
+def deprecated_keys(tool: str) -> dict[str, str]:
+    """Deprecated/renamed keys of ``tool`` and its bases."""
+    out: dict[str, str] = {}
+    for t in reversed(tool_chain(tool)):
+        out.update(F.DEPRECATED_KEYS.get(t, {}))
+    return out
+
+
+def detect_tool(keys: set[str] | dict[str, Any]) -> str:
+    """Which tool wrote a flattened mapping (first match of fields.TOOL_SIGNATURES)."""
+    for tool, signature in F.TOOL_SIGNATURES:
+        for sig in signature:
+            if sig == "*":
+                return tool
+            if sig.startswith("*"):
+                if any(k.endswith(sig[1:]) for k in keys):
+                    return tool
+            elif sig in keys:
+                return tool
+    return "hf"
+
+
+@dataclass
+class Mapped:
+    """Result of mapping a flat key table through a tool's synonym rows."""
+
+    found: list[Found] = field(default_factory=list)
+    deferred: dict[str, str] = field(default_factory=dict)   # field -> key whose value was "auto"
+
+
+def map_entries(tool: str, raws: dict[str, Raw], origin: str = "") -> Mapped:
+    """Map flat ``raws`` to candidates through ``tool``'s synonym rows.
+
+    Parameters
+    ----------
+    tool : str
+        A key of ``fields.SYNONYMS``.
+    raws : dict
+        Dotted key -> Raw value.
+    origin : str
+        Appended to each provenance detail (e.g. ``"TrainingArguments(...)"``).
+
+    Returns
+    -------
+    Mapped
+        Candidates (``Found``) in row order, and the fields whose key was
+        ``"auto"`` (deferred to the trainer).
+    """
+    out = Mapped()
+    for field_name, key, conv, rank in tool_rows(tool):
+        raw = raws.get(key)
+        if raw is None:
+            continue
+        parent = key.rsplit(".", 1)[0] + "." if "." in key else ""
+
+        def sibling(name: str, parent: str = parent) -> Any:
+            hit = raws.get(parent + name)
+            return hit.value if hit is not None else None
+
+        value, note = convert(conv, raw.value, sibling)
+        if value is SKIP:
+            continue
+        if value is DEFER:
+            out.deferred.setdefault(field_name, key)
+            continue
+        if isinstance(value, Weak):
+            value, rank = value.value, min(rank, F.R_WEAK)
+        where = f"{key}" + (f" in {origin}" if origin else "")
+        detail = "; ".join(p for p in (where, raw.detail, note) if p)
+        prov = Provenance(file=raw.file, line=raw.line, kind=raw.kind, detail=detail, span=raw.span)
+        out.found.append(found(field_name, value, prov, rank))
+    return out

@@ -1,0 +1,143 @@
+"""profile_run: a few steps of the workload under torch.profiler, as RunMetrics."""
+from __future__ import annotations
+
+import platform
+import statistics
+import time
+from pathlib import Path
+
+from goblin_assets.audit.waste import waste_budget
+from goblin_assets.contracts import KernelShare, RunMetrics, RunProvenance
+from goblin_assets.runners.local import LocalRunner, RawRun
+from goblin_assets.runners.peaks import lookup_gpu_peak, measure_cpu_peak_tflops
+from goblin_assets.runners.trace import read_trace
+from goblin_assets.runners.workload import Workload
+
+#: aten ops that mean a fused/SDPA attention kernel ran (shared/profiling_facts.md section 2).
+_ATTENTION_OPS = (
+    "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention", "_flash_attention_forward", "_efficient_attention_forward",
+    "_scaled_dot_product_flash_attention_for_cpu",
+)
+
+
+def _provenance(raw: RawRun) -> RunProvenance:
+    r = raw.result
+    device = r.get("device_name") or ("cpu" if r.get("device") == "cpu" else r.get("device", "cpu"))
+    return RunProvenance(
+        kind="measured", device=device,
+        profiler="torch.profiler" if raw.mode == "profile" else None,
+        source=str(raw.run_dir), torch_version=r.get("torch_version"),
+        hip_version=r.get("hip_version"), cuda_version=r.get("cuda_version"),
+        host=platform.node(), cpu_count=r.get("cpu_count"),
+        measured_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    )
+
+
+def failed_metrics(raw: RawRun, workload: Workload) -> RunMetrics:
+    """A failed RunMetrics: the reason and the tail of stderr, nothing else."""
+    return RunMetrics(ok=False, failure=raw.failure, stderr_tail=raw.stderr_tail, workload=workload.name,
+                      unit=workload.unit, run_dir=str(raw.run_dir),
+                      provenance=RunProvenance(kind="measured", source=str(raw.run_dir)))
+
+
+def throughput_fields(raw: RawRun, workload: Workload) -> dict:
+    """Step time, samples/s and tokens/s of a run's measured steps (from the harness's clock).
+
+    Units: ``step_time_s`` median seconds per step; throughput = total counted
+    over total time of the measured steps.
+    """
+    per = raw.result["per_step"]
+    times = [p["step_time_s"] for p in per]
+    total_t = sum(times)
+    samples = sum(p["samples"] for p in per)
+    tokens = sum(p["tokens"] for p in per)
+    nonpad = sum(p["nonpad_tokens"] for p in per)
+    out = {
+        "steps": len(per),
+        "step_time_s": statistics.median(times),
+        "step_times_s": times,
+        "samples_per_step": samples / len(per),
+        "samples_per_sec": samples / total_t if total_t > 0 and samples else None,
+        "tokens_per_sec": tokens / total_t if total_t > 0 and tokens else None,
+        "padding_share": 1.0 - nonpad / tokens if tokens else None,
+    }
+    return out
+
+
+def profile_run(workload: Workload, runner: LocalRunner, steps: int = 10, warmup: int = 2,
+                script: Path | None = None, env: dict[str, str] | None = None, unset_env: list[str] | None = None,
+                label: str = "") -> RunMetrics:
+    """Run ``workload`` for ``warmup`` + ``steps`` optimizer steps, profiling the last ``steps``.
+
+    Returns
+    -------
+    RunMetrics
+        Measured on this machine (provenance says which device and profiler).
+        ``ok=False`` with the reason when the child failed.  Step time and
+        throughput come from the harness's clock around the profiled steps;
+        the waste budget and op shares from the Chrome trace written to
+        ``trace_path``; MFU = counted FLOPs (torch.profiler ``with_flops``:
+        mm/addmm/bmm/baddbmm/conv) per second over the device's peak for the
+        run's precision (CPU: a measured fp32 GEMM probe).
+    """
+    raw = runner.run(workload, "profile", steps=steps, warmup=warmup, script=script, env=env, unset_env=unset_env,
+                     label=label)
+    if not raw.ok:
+        return failed_metrics(raw, workload)
+    r = raw.result
+    m = RunMetrics(workload=workload.name, unit=workload.unit, run_dir=str(raw.run_dir),
+                   provenance=_provenance(raw), warnings=list(r.get("warnings", [])),
+                   trace_path=str(raw.trace_path), **throughput_fields(raw, workload))
+    summary = read_trace(raw.trace_path)
+    m.waste_budget = waste_budget(summary, m.step_time_s)
+    total_us = sum(s.dur_us for s in summary.steps)
+    m.top_kernels = [KernelShare(name=o["name"], pct_time=100.0 * o["self_us"] / total_us)
+                     for o in r.get("ops", [])[:5]] if total_us > 0 else []
+    names = [o["name"] for o in r.get("ops", [])]
+    m.attention_kernel_loaded = any(a in n for n in names for a in _ATTENTION_OPS)
+    # utilisation
+    busy = sum((s.device_busy_us if summary.has_device else s.op_us) for s in summary.steps)
+    m.util_pct = 100.0 * busy / total_us if total_us > 0 else None
+    # memory
+    if r.get("device") == "cuda":
+        m.mem_peak_gb = r.get("mem_peak_gb")
+        if r.get("mem_total_gb") and m.mem_peak_gb is not None:
+            m.memory_headroom_gb = r["mem_total_gb"] - m.mem_peak_gb
+        m.not_observable["mem_avg_gb"] = "device memory is sampled at its peak only (torch.cuda.max_memory_allocated)"
+    else:
+        m.mem_peak_gb = r.get("max_rss_gb")
+        samples = r.get("rss_gb_samples") or []
+        m.mem_avg_gb = sum(samples) / len(samples) if samples else None
+        try:
+            import psutil
+
+            m.memory_headroom_gb = psutil.virtual_memory().total / 1e9 - (m.mem_peak_gb or 0.0)
+        except ImportError:  # pragma: no cover - psutil is a dependency
+            pass
+        m.warnings.append("cpu run: memory figures are the process's host RSS (GB), not device memory")
+    m.not_observable["headroom_batch"] = "per-sample activation memory is not measured yet"
+    # MFU
+    flops = r.get("flops_total") or 0
+    if flops and m.step_time_s:
+        flops_per_s = flops / sum(m.step_times_s)
+        if r.get("device") == "cuda":
+            peak = lookup_gpu_peak(r.get("device_name"))
+            if peak is None:
+                m.not_observable["mfu_pct"] = f"no peak-FLOP entry for device {r.get('device_name')!r}"
+            else:
+                m.mfu_pct = 100.0 * flops_per_s / (peak.fp32_tflops * 1e12)
+                m.warnings.append(f"MFU against {peak.name} dense fp32 peak ({peak.source})")
+        else:
+            peak_tf = measure_cpu_peak_tflops(threads=r.get("num_threads"))
+            m.mfu_pct = 100.0 * flops_per_s / (peak_tf * 1e12)
+            m.warnings.append(
+                f"MFU against this CPU's measured fp32 GEMM peak ({peak_tf:.3f} TFLOP/s at "
+                f"{r.get('num_threads')} threads; measured, not a datasheet figure)")
+    else:
+        m.not_observable["mfu_pct"] = "no FLOP-counted ops (mm/addmm/bmm/conv) in the profiled steps"
+    if m.samples_per_sec is None and m.tokens_per_sec is None:
+        m.not_observable["throughput"] = f"no batches counted from field {workload.batch_field!r}"
+    if workload.unit == "samples":
+        m.not_observable["tokens_per_sec"] = "workload counts samples, not tokens"
+    return m

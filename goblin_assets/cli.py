@@ -1,0 +1,169 @@
+"""The ``goblin`` command: the same stages as the asset graph, without Dagster.
+
+    goblin audit PATH [--steps N] [--json]
+    goblin profile PATH [--steps N] [--json]
+    goblin parse FILE [--json]
+    goblin sql "SELECT ..." [--json]
+
+Errors are printed as one clear line naming the file and the problem (exit
+code 2); no traceback from deep inside.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+from goblin_assets.errors import GoblinError
+
+console = Console(stderr=True)
+out = Console()
+
+
+def _print_json(obj) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
+
+
+def _metrics_table(title: str, rows: list[tuple[str, str]]) -> Table:
+    t = Table(title=title, show_header=True)
+    t.add_column("metric")
+    t.add_column("value")
+    for k, v in rows:
+        t.add_row(k, v)
+    return t
+
+
+def _fmt(v, unit: str = "", scale: float = 1.0, digits: int = 2) -> str:
+    return "n/a" if v is None else f"{v * scale:.{digits}f}{unit}"
+
+
+def cmd_audit(args) -> int:
+    from goblin_assets.audit.pipeline import run_audit
+    from goblin_assets.runners.local import LocalRunner
+    from goblin_assets.runners.workload import load_workload
+    from goblin_assets.warehouse.db import write
+
+    wl = load_workload(args.path)
+    res = run_audit(wl, LocalRunner(timeout_s=args.timeout), steps=args.steps, bench_steps=args.bench_steps,
+                    repeats=args.repeats, log=lambda s: console.print(f"[dim]{s}[/dim]"))
+    counts = write(res.frames)
+    console.print(f"[dim]warehouse: {sum(counts.values())} rows in {len(counts)} tables[/dim]")
+    if args.json:
+        _print_json(res.to_json())
+        return 0
+    r = res.report
+    t = Table(title=f"goblin audit: {wl.name}")
+    for c in ("", "original", "patched"):
+        t.add_column(c)
+    t.add_row(f"{r.unit}/s (median, measured)", f"{r.baseline_throughput:.1f}", f"{r.patched_throughput:.1f}")
+    t.add_row("step time (profiled)", _fmt(r.before_step_time_s, " ms", 1e3, 1), _fmt(r.after_step_time_s, " ms", 1e3, 1))
+    for bc in r.buckets:
+        t.add_row(f"  {bc.bucket} ({bc.before_status})", f"{bc.before_share:.0%}", f"{bc.after_share:.0%}")
+    out.print(t)
+    out.print(f"measured speedup [bold]{r.measured_speedup:.2f}x[/bold] (predicted {r.predicted_low:.2f}x–"
+              f"{r.predicted_high:.2f}x, confidence {r.confidence:.2f}); rules: "
+              f"{', '.join(a.rule_id for a in r.applied) or 'none'}")
+    out.print(f"report: {res.report_path}")
+    return 0
+
+
+def cmd_profile(args) -> int:
+    from goblin_assets.audit.pipeline import profile
+    from goblin_assets.runners.local import LocalRunner
+    from goblin_assets.runners.workload import load_workload
+
+    wl = load_workload(args.path)
+    m = profile(wl, LocalRunner(timeout_s=args.timeout), steps=args.steps, label="profile")
+    if args.json:
+        _print_json(json.loads(m.model_dump_json()))
+        return 0
+    rows = [("steps", str(m.steps)), ("step_time_s (median)", _fmt(m.step_time_s, " s", digits=4)),
+            (f"{m.unit}/s", _fmt(m.throughput, digits=1)), ("mfu_pct", _fmt(m.mfu_pct, " %", digits=3)),
+            ("mem_peak_gb", _fmt(m.mem_peak_gb, " GB", digits=3)), ("util_pct", _fmt(m.util_pct, " %", digits=1)),
+            ("attention_kernel_loaded", str(m.attention_kernel_loaded))]
+    rows += [(f"waste.{k} ({b.status})", _fmt(b.seconds, " ms", 1e3)) for k, b in m.waste_budget.items()]
+    rows += [(f"top op {i + 1}", f"{k.name} {k.pct_time:.1f}%") for i, k in enumerate(m.top_kernels)]
+    rows += [(f"{k} (not observable)", v) for k, v in m.not_observable.items()]
+    out.print(_metrics_table(f"goblin profile: {wl.name} ({m.provenance.kind} on {m.provenance.device})", rows))
+    out.print(f"trace: {m.trace_path}")
+    return 0
+
+
+def cmd_parse(args) -> int:
+    from goblin_assets.audit.config import config_to_json, parse_config, render_config_table
+
+    cfg = parse_config(args.file)
+    if args.json:
+        _print_json(config_to_json(cfg))
+    else:
+        out.print(render_config_table(cfg))
+    return 0
+
+
+def cmd_sql(args) -> int:
+    from goblin_assets.warehouse.db import query
+
+    df = query(args.query)
+    if args.json:
+        _print_json(json.loads(df.to_json(orient="records", date_format="iso")))
+        return 0
+    t = Table(show_header=True)
+    for c in df.columns:
+        t.add_column(str(c))
+    for row in df.itertuples(index=False):
+        t.add_row(*[("" if v is None else f"{v:.6g}" if isinstance(v, float) else str(v)) for v in row])
+    out.print(t)
+    out.print(f"[dim]{len(df)} rows[/dim]")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="goblin", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    a = sub.add_parser("audit", help="audit a workload end to end and write the report")
+    a.add_argument("path", help="workload folder (with workload.yaml) or a training script")
+    a.add_argument("--steps", type=int, default=10, help="profiled steps (after 2 warm-up steps)")
+    a.add_argument("--bench-steps", type=int, default=20, help="timed steps per benchmark repeat")
+    a.add_argument("--repeats", type=int, default=3, help="alternating benchmark repeats per arm")
+    a.add_argument("--timeout", type=float, default=600.0, help="wall-clock limit per child run, seconds")
+    a.add_argument("--json", action="store_true")
+    a.set_defaults(fn=cmd_audit)
+
+    pr = sub.add_parser("profile", help="profile a workload and print RunMetrics")
+    pr.add_argument("path")
+    pr.add_argument("--steps", type=int, default=10)
+    pr.add_argument("--timeout", type=float, default=600.0)
+    pr.add_argument("--json", action="store_true")
+    pr.set_defaults(fn=cmd_profile)
+
+    pa = sub.add_parser("parse", help="parse a training config and print the ConfigDict with provenance")
+    pa.add_argument("file")
+    pa.add_argument("--json", action="store_true")
+    pa.set_defaults(fn=cmd_parse)
+
+    s = sub.add_parser("sql", help="run a SQL query on the warehouse")
+    s.add_argument("query")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_sql)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except GoblinError as exc:
+        console.print(f"goblin {args.cmd}: error: {exc}", style="bold red", highlight=False, markup=False)
+        return 2
+    except KeyboardInterrupt:
+        console.print("interrupted")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

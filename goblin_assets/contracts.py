@@ -1,0 +1,270 @@
+"""Data contracts shared by every layer (DESIGN.md, "Data contracts").
+
+Pydantic models only: no Dagster, no torch.  Every stage takes and returns
+these types, so the CLI, the Dagster assets and the tests see the same
+objects.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+# --------------------------------------------------------------------------- config
+
+#: Fields of the ConfigDict, in display order.  ``intra_op_threads`` extends
+#: DESIGN.md's list: it is the main process's ``torch.set_num_threads`` value,
+#: needed to size data-loader workers and threads together.
+CONFIG_FIELDS: tuple[str, ...] = (
+    "model_name",
+    "batch_size",
+    "grad_accum_steps",
+    "seq_len",
+    "precision",
+    "optimizer",
+    "attention_impl",
+    "gradient_checkpointing",
+    "lora_rank",
+    "dataloader_workers",
+    "intra_op_threads",
+    "lr",
+    "warmup_steps",
+)
+
+ValueKind = Literal["literal", "default", "variable", "env", "inferred", "unset"]
+
+
+class Provenance(BaseModel):
+    """Where one ConfigDict value came from.
+
+    ``kind`` is ``literal`` (written at the use site), ``default`` (an
+    argparse/dataclass/tool default), ``variable`` (resolved through a name or
+    arithmetic), ``env`` (``os.environ.get`` default), ``inferred`` (derived
+    from code patterns such as ``torch.autocast``) or ``unset`` (the value is
+    null; ``detail`` says why).  ``span`` is ``(lineno, col, end_lineno,
+    end_col)`` of the value's source text (1-based lines, 0-based columns) when
+    the value is written in the file, so a patch can rewrite exactly it.
+    """
+
+    file: str | None = None
+    line: int | None = None
+    kind: ValueKind = "unset"
+    detail: str = ""
+    span: tuple[int, int, int, int] | None = None
+
+
+class ConfigDict(BaseModel):
+    """The training configuration parsed from a user's file.
+
+    Units: ``lr`` is the peak learning rate; ``seq_len`` in tokens;
+    ``batch_size`` is per device, in samples.  A value that cannot be
+    determined is ``None`` and its provenance (kind ``unset``) gives the
+    reason: nothing is guessed.
+    """
+
+    model_name: str | None = None
+    batch_size: int | None = None
+    grad_accum_steps: int | None = None
+    seq_len: int | None = None
+    precision: Literal["fp16", "bf16", "fp32"] | None = None
+    optimizer: str | None = None
+    attention_impl: Literal["sdpa", "flash", "eager", "unknown"] | None = None
+    gradient_checkpointing: bool | None = None
+    lora_rank: int | None = None
+    dataloader_workers: int | None = None
+    intra_op_threads: int | None = None
+    lr: float | None = None
+    warmup_steps: int | None = None
+    raw_source: str = ""
+    source_file: str = ""
+    source_format: str = ""
+    provenance: dict[str, Provenance] = Field(default_factory=dict)
+    warnings: list[str] = Field(default_factory=list)
+
+    def values(self) -> dict[str, Any]:
+        """The ConfigDict fields only (no source, provenance or warnings)."""
+        return {f: getattr(self, f) for f in CONFIG_FIELDS}
+
+
+# --------------------------------------------------------------------------- metrics
+
+WASTE_BUCKETS: tuple[str, ...] = (
+    "useful",
+    "data_wait",
+    "host_gap",
+    "comm_excess",
+    "precision_path",
+    "kernel_shape",
+)
+
+BucketStatus = Literal["measured", "estimated", "not_observable"]
+
+
+class WasteBucket(BaseModel):
+    """One bucket of the waste budget, in seconds per step."""
+
+    seconds: float = 0.0
+    status: BucketStatus = "not_observable"
+    note: str = ""
+
+
+class KernelShare(BaseModel):
+    """An op or kernel and its share of profiled time (percent, 0..100)."""
+
+    name: str
+    pct_time: float
+
+
+class RunProvenance(BaseModel):
+    """How a RunMetrics came to be: never present replayed or modelled as measured."""
+
+    kind: Literal["measured", "replayed", "modelled"]
+    device: str = "cpu"
+    profiler: str | None = None
+    source: str = ""
+    torch_version: str | None = None
+    hip_version: str | None = None
+    cuda_version: str | None = None
+    host: str | None = None
+    cpu_count: int | None = None
+    measured_at: str | None = None
+
+
+class RunMetrics(BaseModel):
+    """What profile_run and benchmark return (DESIGN.md RunMetrics).
+
+    Units: ``step_time_s`` median seconds per step; throughput per second;
+    memory in GB (1e9 bytes); ``util_pct`` and ``mfu_pct`` in percent.
+    ``not_observable`` maps a null field's name to the reason it is null.
+    """
+
+    ok: bool = True
+    failure: str | None = None
+    stderr_tail: str = ""
+    workload: str = ""
+    steps: int = 0
+    step_time_s: float | None = None
+    step_times_s: list[float] = Field(default_factory=list)
+    unit: Literal["samples", "tokens"] = "samples"
+    samples_per_sec: float | None = None
+    tokens_per_sec: float | None = None
+    samples_per_step: float | None = None
+    padding_share: float | None = None
+    mfu_pct: float | None = None
+    mem_peak_gb: float | None = None
+    mem_avg_gb: float | None = None
+    util_pct: float | None = None
+    top_kernels: list[KernelShare] = Field(default_factory=list)
+    attention_kernel_loaded: bool | None = None
+    waste_budget: dict[str, WasteBucket] = Field(default_factory=dict)
+    memory_headroom_gb: float | None = None
+    warnings: list[str] = Field(default_factory=list)
+    not_observable: dict[str, str] = Field(default_factory=dict)
+    provenance: RunProvenance = Field(default_factory=lambda: RunProvenance(kind="measured"))
+    trace_path: str | None = None
+    run_dir: str | None = None
+
+    @property
+    def throughput(self) -> float | None:
+        """Samples/s or tokens/s, whichever is the workload's unit."""
+        return self.tokens_per_sec if self.unit == "tokens" else self.samples_per_sec
+
+
+class BenchmarkResult(BaseModel):
+    """Repeated, alternating runs of one configuration (no profiler on timed steps).
+
+    ``throughputs`` holds one value per repeat (samples/s or tokens/s);
+    ``median``/``spread`` summarise them (spread = max - min).
+    """
+
+    label: Literal["baseline", "patched"]
+    metrics: RunMetrics
+    throughputs: list[float]
+    median: float
+    spread: float
+    cache_key: str
+    cache_hit: bool = False
+
+
+# --------------------------------------------------------------------------- KB / patch
+
+
+class Citation(BaseModel):
+    """A real public document the rule is written from."""
+
+    title: str
+    section: str
+    url: str
+
+
+class Fix(BaseModel):
+    """A rule's transform.
+
+    ``config`` assigns ConfigDict fields; values are literals or small
+    arithmetic expressions written ``"=max(1, cores - dataloader_workers)"``
+    over the names ``cores`` and the ConfigDict fields.  ``env`` sets
+    environment variables, ``unset_env`` removes them.
+    """
+
+    config: dict[str, Any] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict)
+    unset_env: list[str] = Field(default_factory=list)
+
+
+class Rule(BaseModel):
+    """One hand-written, cited tuning rule (kb/rocm_rules.yaml)."""
+
+    id: str
+    category: Literal[
+        "precision", "attention", "memory", "kernels", "env_vars", "optimizer",
+        "data", "compile", "collectives", "topology",
+    ]
+    platforms: list[Literal["rocm", "cuda", "cpu"]]
+    symptom: str
+    detect: list[str]
+    fix: Fix
+    targets_bucket: str
+    recovery_fraction: float = Field(ge=0.0, le=1.0)
+    expected_impact: str
+    rocm_version_min: str | None = None
+    torch_version_min: str | None = None
+    citation: Citation
+    notes: str = ""
+
+
+class RuleMatch(BaseModel):
+    """A rule checked against one run: retrieval proposes, detection confirms."""
+
+    rule_id: str
+    fired: bool
+    detect_score: float
+    retrieval_score: float | None = None
+    evidence: dict[str, Any] = Field(default_factory=dict)
+    reason: str = ""
+
+
+class AppliedRule(BaseModel):
+    rule_id: str
+    category: str
+    targets_bucket: str
+    citation: Citation
+    rationale: str
+    changes: dict[str, Any] = Field(default_factory=dict)
+
+
+class Patch(BaseModel):
+    """The proposed change: new config, unified diff of the user's own file."""
+
+    new_config: dict[str, Any]
+    diff: str
+    target_file: str
+    applied: list[AppliedRule] = Field(default_factory=list)
+    dropped: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    unset_env: list[str] = Field(default_factory=list)
+    expected_speedup_low: float = 1.0
+    expected_speedup_high: float = 1.0
+    confidence: float = 0.0
+    evidence_coverage: float = 0.0
+    rule_consistency: float = 1.0
+    patched_file: str | None = None

@@ -1,0 +1,14 @@
+"""The single place where Dagster things are wired: ``goblin_assets.definitions:defs``."""
+from __future__ import annotations
+
+import dagster as dg
+
+from goblin_assets.defs.audit import AUDIT_ASSETS
+from goblin_assets.defs.partitions import workload_folders_sensor
+from goblin_assets.defs.resources import RunnerResource, warehouse_resource
+
+defs = dg.Definitions(
+    assets=AUDIT_ASSETS,
+    sensors=[workload_folders_sensor],
+    resources={"runner": RunnerResource(), "duckdb": warehouse_resource()},
+)

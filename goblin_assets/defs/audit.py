@@ -1,0 +1,206 @@
+"""Audit assets, one per stage, partitioned by workload.  Each calls one core function."""
+
+import base64
+from pathlib import Path
+
+import dagster as dg
+import pandas as pd
+from dagster_duckdb import DuckDBResource
+
+from goblin_assets import REPO_ROOT, goblin_home
+from goblin_assets.audit import pipeline as stages
+from goblin_assets.audit.kb import KnowledgeBase, load_kb
+from goblin_assets.audit.report import AuditReport, compare_runs, render_markdown, write_report
+from goblin_assets.contracts import BenchmarkResult, ConfigDict, Patch, RuleMatch, RunMetrics
+from goblin_assets.defs.partitions import workloads_partitions
+from goblin_assets.defs.resources import RunnerResource
+from goblin_assets.opscope.miner import mine_patterns
+from goblin_assets.opscope.record import record_workload
+from goblin_assets.runners.workload import Workload, load_workload
+from goblin_assets.warehouse import frames as F
+from goblin_assets.warehouse.db import ensure_tables, write_frames
+from goblin_assets.warehouse.tables import TABLES
+
+POOL = "warehouse_writer"  # every asset that writes DuckDB: one writer at a time
+_KW = dict(partitions_def=workloads_partitions, kinds={"python"})
+
+
+def _audit_id(context: dg.AssetExecutionContext) -> str:
+    return f"{context.partition_key}-{context.run_id[:8]}"
+
+
+def _write(duckdb: DuckDBResource, frames: dict[str, pd.DataFrame]) -> dict[str, dg.MetadataValue]:
+    """Write frames in one transaction; metadata: row counts and the first table's schema."""
+    with duckdb.get_connection() as con:
+        ensure_tables(con)
+        counts = write_frames(con, frames)
+    first = next(iter(frames))
+    schema = dg.TableSchema(columns=[dg.TableColumn(c, t) for c, t, _ in TABLES[first]])
+    return {
+        "dagster/row_count": dg.MetadataValue.int(sum(counts.values())),
+        "rows_by_table": dg.MetadataValue.json(counts),
+        "dagster/column_schema": dg.MetadataValue.table_schema(schema),
+        "dagster/table_name": dg.MetadataValue.text(f"warehouse.{first}"),
+    }
+
+
+@dg.asset(group_name="configs", **_KW)
+def workload_source(context: dg.AssetExecutionContext) -> Workload:
+    """The workload folder of this partition (`workloads/<name>/workload.yaml` and its entry script)."""
+    wl = load_workload(REPO_ROOT / "workloads" / context.partition_key)
+    context.add_output_metadata({"entry": dg.MetadataValue.path(str(wl.script)), "unit": wl.unit,
+                                 "script_sha256": wl.script_hash()})
+    return wl
+
+
+@dg.asset(group_name="configs", code_version="parse-v1", **_KW)
+def training_config(context: dg.AssetExecutionContext, workload_source: Workload) -> ConfigDict:
+    """The training configuration parsed from the user's file, with per-field provenance and warnings."""
+    cfg = stages.training_config(workload_source)
+    rows = "\n".join(f"| {k} | {v} | {cfg.provenance[k].kind if k in cfg.provenance else ''} |"
+                     for k, v in cfg.values().items())
+    context.add_output_metadata({
+        "config": dg.MetadataValue.md("| field | value | from |\n|---|---|---|\n" + rows),
+        "warnings": dg.MetadataValue.json(cfg.warnings),
+    })
+    return cfg
+
+
+@dg.asset(group_name="profiling", pool=POOL, **_KW)
+def profile_run(context: dg.AssetExecutionContext, workload_source: Workload, runner: RunnerResource,
+                duckdb: DuckDBResource) -> RunMetrics:
+    """A few steps of the workload under torch.profiler in a child process: RunMetrics and a Chrome trace."""
+    m = stages.profile(workload_source, runner.get_runner(), runner.profiled_steps, label="profile")
+    run_id = f"{_audit_id(context)}-profile"
+    meta = _write(duckdb, {"runs": F.runs_frame(m, run_id, "profile"), "kernels": F.kernels_frame(m, run_id)})
+    context.add_output_metadata({**meta, "trace": dg.MetadataValue.path(m.trace_path or ""),
+                                 "step_time_s": m.step_time_s, f"{m.unit}_per_sec": m.throughput or 0.0,
+                                 "run_id": run_id})
+    return m
+
+
+@dg.asset(group_name="profiling", pool=POOL, **_KW)
+def waste_budget(context: dg.AssetExecutionContext, profile_run: RunMetrics, duckdb: DuckDBResource) -> dict:
+    """Step time split into useful, data_wait, host_gap, comm_excess, precision_path and kernel_shape."""
+    run_id = f"{_audit_id(context)}-profile"
+    df = F.waste_frame(profile_run, run_id, "profile")
+    meta = _write(duckdb, {"waste_budget": df})
+    md = "| bucket | ms/step | share | status |\n|---|---|---|---|\n" + "\n".join(
+        f"| {r.bucket} | {r.seconds * 1e3:.2f} | {r.share:.0%} | {r.status} |" for r in df.itertuples())
+    context.add_output_metadata({**meta, "budget": dg.MetadataValue.md(md)})
+    return {k: v.model_dump() for k, v in profile_run.waste_budget.items()}
+
+
+@dg.asset(group_name="sketches", pool=POOL, deps=[profile_run], **_KW)
+def tensor_sketches(context: dg.AssetExecutionContext, workload_source: Workload, runner: RunnerResource,
+                    duckdb: DuckDBResource) -> pd.DataFrame:
+    """Sketches (min/max/mean/l1/sumsq/nnz) of every forward matmul's lhs, rhs and out, tapped on the device."""
+    df = record_workload(workload_source, runner.get_runner(), steps=runner.sketch_steps,
+                         run_id=f"{_audit_id(context)}-sketch")
+    context.add_output_metadata({**_write(duckdb, {"sketches": df}),
+                                 "sites": dg.MetadataValue.json(sorted(df["site"].unique().tolist()))})
+    return df
+
+
+@dg.asset(group_name="mining", pool=POOL, **_KW)
+def mined_patterns(context: dg.AssetExecutionContext, tensor_sketches: pd.DataFrame,
+                   duckdb: DuckDBResource) -> pd.DataFrame:
+    """Findings per site and role: sparse GEMM candidates, stationary vs drifting tensors."""
+    df = mine_patterns(tensor_sketches)
+    meta = _write(duckdb, {"patterns": df})
+    context.add_output_metadata({**meta, "findings": dg.MetadataValue.md(
+        df[["site", "role", "finding", "score"]].to_markdown(index=False))})
+    return df
+
+
+@dg.asset(group_name="kb", code_version="kb-v1", kinds={"yaml"})
+def kb_rules(context: dg.AssetExecutionContext) -> KnowledgeBase:
+    """The hand-written, cited rules of kb/rocm_rules.yaml, validated (versioned by content hash)."""
+    kb = load_kb()
+    counts: dict[str, int] = {}
+    for r in kb.rules:
+        counts[r.category] = counts.get(r.category, 0) + 1
+    context.add_output_metadata({"rules": len(kb.rules), "sha256": kb.sha256,
+                                 "per_category": dg.MetadataValue.json(counts)})
+    return kb
+
+
+@dg.asset(group_name="kb", pool=POOL, deps=[waste_budget, mined_patterns], **_KW)
+def kb_matches(context: dg.AssetExecutionContext, training_config: ConfigDict, profile_run: RunMetrics,
+               kb_rules: KnowledgeBase, duckdb: DuckDBResource) -> list[RuleMatch]:
+    """Every rule's detect conditions checked on this workload's config and measured waste budget."""
+    matches = stages.kb_matches(training_config, profile_run, kb_rules)
+    meta = _write(duckdb, {"kb_matches": F.kb_frame(matches, _audit_id(context), context.partition_key)})
+    context.add_output_metadata({**meta, "fired": dg.MetadataValue.json([m.rule_id for m in matches if m.fired])})
+    return matches
+
+
+def _out_dir(context: dg.AssetExecutionContext) -> Path:
+    return goblin_home() / "audits" / _audit_id(context)
+
+
+@dg.asset(group_name="patches", **_KW)
+def patch(context: dg.AssetExecutionContext, training_config: ConfigDict, kb_rules: KnowledgeBase,
+          kb_matches: list[RuleMatch], profile_run: RunMetrics, workload_source: Workload) -> Patch:
+    """The fired rules applied to the config and to the user's own file, as a unified diff."""
+    p = stages.patch(training_config, kb_rules, kb_matches, profile_run, workload_source, _out_dir(context))
+    context.add_output_metadata({
+        "diff": dg.MetadataValue.md(f"```diff\n{p.diff}\n```"),
+        "rules": dg.MetadataValue.json([a.rule_id for a in p.applied]),
+        "dropped": dg.MetadataValue.json(p.dropped),
+        "predicted_speedup": f"{p.expected_speedup_low:.2f}x-{p.expected_speedup_high:.2f}x",
+    })
+    return p
+
+
+@dg.multi_asset(
+    group_name="benchmarks", pool=POOL, partitions_def=workloads_partitions,
+    outs={"benchmark_baseline": dg.AssetOut(), "benchmark_patched": dg.AssetOut()},
+    internal_asset_deps={"benchmark_baseline": {dg.AssetKey("training_config"), dg.AssetKey("workload_source")},
+                         "benchmark_patched": {dg.AssetKey("patch"), dg.AssetKey("workload_source")}},
+)
+def benchmarks(context: dg.AssetExecutionContext, workload_source: Workload, training_config: ConfigDict,
+               patch: Patch, runner: RunnerResource, duckdb: DuckDBResource):
+    """Original vs patched for the same steps, repeats alternating; the patched run is also profiled."""
+    r = runner.get_runner()
+    bench = stages.benchmarks(workload_source, r, training_config, patch, runner.bench_steps, runner.bench_repeats,
+                              log=context.log.info)
+    after = stages.profile(workload_source, r, runner.profiled_steps, p=patch, label="patched")
+    aid = _audit_id(context)
+    meta = _write(duckdb, {
+        "benchmarks": F.bench_frame(bench, aid, context.partition_key),
+        "runs": F.runs_frame(after, f"{aid}-patched", "patched", aid),
+        "waste_budget": F.waste_frame(after, f"{aid}-patched", "patched"),
+        "kernels": F.kernels_frame(after, f"{aid}-patched"),
+    })
+    for lab in ("baseline", "patched"):
+        b = bench[lab]
+        yield dg.Output((b, after) if lab == "patched" else b, output_name=f"benchmark_{lab}", metadata={
+            **meta, "median": b.median, "spread": b.spread, "throughputs": dg.MetadataValue.json(b.throughputs),
+            "cache_hit": b.cache_hit})
+
+
+@dg.asset(group_name="reports", pool=POOL, **_KW)
+def audit_report(context: dg.AssetExecutionContext, profile_run: RunMetrics, benchmark_baseline: BenchmarkResult,
+                 benchmark_patched: tuple, patch: Patch, training_config: ConfigDict, workload_source: Workload,
+                 duckdb: DuckDBResource) -> AuditReport:
+    """The before/after report: measured throughput, waste budget split, the diff and the citations."""
+    bench_p, after = benchmark_patched
+    rep = compare_runs(profile_run, after, {"baseline": benchmark_baseline, "patched": bench_p}, patch,
+                       training_config, model=workload_source.model)
+    out = _out_dir(context)
+    path = write_report(rep, out)
+    aid = _audit_id(context)
+    meta = _write(duckdb, {"audits": F.audit_frame(aid, workload_source.name, f"{aid}-profile", f"{aid}-patched",
+                                                   rep, patch, path)})
+    png = base64.b64encode((out / "report.png").read_bytes()).decode()
+    md = render_markdown(rep, f"data:image/png;base64,{png}")
+    context.add_output_metadata({**meta, "report": dg.MetadataValue.md(md),
+                                 "report_path": dg.MetadataValue.path(str(path)),
+                                 "measured_speedup": rep.measured_speedup,
+                                 "rules": dg.MetadataValue.json([a.rule_id for a in rep.applied])})
+    return rep
+
+
+AUDIT_ASSETS = [workload_source, training_config, profile_run, waste_budget, tensor_sketches, mined_patterns,
+                kb_rules, kb_matches, patch, benchmarks, audit_report]

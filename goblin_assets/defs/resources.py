@@ -1,0 +1,40 @@
+"""Dagster resources: the runner (the "MI300X runner") and the DuckDB warehouse."""
+
+from typing import Literal
+
+import dagster as dg
+from dagster_duckdb import DuckDBResource
+
+from goblin_assets import warehouse_path
+from goblin_assets.runners.local import LocalRunner
+
+
+class RunnerResource(dg.ConfigurableResource):
+    """Where and how workloads run.
+
+    ``kind``: ``local`` (the installed torch on cpu/cuda/ROCm).  ``device``:
+    ``auto``, ``cpu`` or ``cuda`` (ROCm builds use the cuda API).  ``image_tag``:
+    the ROCm container image the run belongs to.  Steps and limits apply to every
+    child run: ``warmup_steps`` (default 2), ``profiled_steps`` (default 10),
+    ``bench_steps`` and ``bench_repeats`` for benchmarks, ``timeout_s`` (seconds),
+    ``mem_cap_gb`` (address-space cap, GB).
+    """
+
+    kind: Literal["local"] = "local"
+    device: str = "auto"
+    image_tag: str = "none"
+    warmup_steps: int = 2
+    profiled_steps: int = 10
+    bench_steps: int = 20
+    bench_repeats: int = 3
+    sketch_steps: int = 3
+    timeout_s: float = 600.0
+    mem_cap_gb: float = 16.0
+
+    def get_runner(self) -> LocalRunner:
+        return LocalRunner(device=self.device, timeout_s=self.timeout_s, mem_cap_gb=self.mem_cap_gb)
+
+
+def warehouse_resource() -> DuckDBResource:
+    """dagster-duckdb's resource on ``$GOBLIN_HOME/warehouse.duckdb``."""
+    return DuckDBResource(database=str(warehouse_path()))

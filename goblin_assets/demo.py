@@ -1,0 +1,66 @@
+"""``make demo``: materialize every asset for the bundled workloads, headlessly, with Dagster.
+
+Uses the instance at ``$DAGSTER_HOME`` (the Makefile sets ``./.goblin/dagster``)
+so the runs show up later in ``make ui``; adds one dynamic partition per
+workload folder, materializes the unpartitioned assets once and then every
+partitioned asset per workload, and prints where the reports and the
+warehouse are.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import dagster as dg
+from rich.console import Console
+
+from goblin_assets import warehouse_path
+from goblin_assets.definitions import defs
+from goblin_assets.defs.partitions import workload_names, workloads_partitions
+from goblin_assets.warehouse.db import query
+
+
+def main(argv: list[str] | None = None) -> int:
+    console = Console()
+    names = (argv or sys.argv[1:]) or workload_names()
+    instance = dg.DagsterInstance.get() if os.environ.get("DAGSTER_HOME") else dg.DagsterInstance.ephemeral()
+    known = set(instance.get_dynamic_partitions(workloads_partitions.name))
+    instance.add_dynamic_partitions(workloads_partitions.name, [n for n in names if n not in known])
+    graph = defs.resolve_asset_graph()
+    assets = list(defs.assets)
+    resources = defs.resources
+    unpartitioned = [k for k in graph.get_all_asset_keys() if graph.get(k).partitions_def is None]
+    partitioned = [k for k in graph.get_all_asset_keys() if graph.get(k).partitions_def is not None]
+    t0 = time.perf_counter()
+    with console.status("materializing unpartitioned assets"):
+        res = dg.materialize(assets, selection=unpartitioned, instance=instance, resources=resources)
+    if not res.success:
+        console.print("[red]unpartitioned assets failed[/red]")
+        return 1
+    reports = []
+    for name in names:
+        console.print(f"[bold]workload {name}[/bold]: materializing {len(partitioned)} assets")
+        res = dg.materialize(assets, selection=partitioned, partition_key=name, instance=instance,
+                             resources=resources, raise_on_error=False)
+        if not res.success:
+            console.print(f"[red]workload {name}: the run failed; see the Dagster logs above[/red]")
+            return 1
+        mats = res.asset_materializations_for_node("audit_report")
+        path = mats[-1].metadata["report_path"].value if mats else None
+        speed = mats[-1].metadata["measured_speedup"].value if mats else None
+        reports.append((name, path, speed))
+    console.print(f"\ndone in {time.perf_counter() - t0:.0f} s")
+    for name, path, speed in reports:
+        console.print(f"report for {name}: {path}  (measured speedup {speed:.2f}x)")
+    console.print(f"warehouse: {warehouse_path()}")
+    counts = query("SELECT 'runs' t, count(*) n FROM runs UNION ALL SELECT 'sketches', count(*) FROM sketches "
+                   "UNION ALL SELECT 'benchmarks', count(*) FROM benchmarks UNION ALL SELECT 'audits', count(*) "
+                   "FROM audits")
+    console.print("rows: " + ", ".join(f"{r.t}={r.n}" for r in counts.itertuples()))
+    console.print("browse them with: make ui   (or: .venv/bin/goblin sql \"SELECT * FROM audits\")")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

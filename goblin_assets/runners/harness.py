@@ -1,0 +1,228 @@
+"""Child-process harness: runs a user's training script unmodified for a step budget.
+
+Invoked as ``python -m goblin_assets.runners.harness SPEC.json`` by the local
+runner.  Step boundaries come from torch's *global* optimizer step post hook
+(``torch.optim.optimizer.register_optimizer_step_post_hook``), so the user's
+script is never edited: after ``warmup`` optimizer steps the harness starts
+``torch.profiler`` (mode ``profile``), times steps without a profiler (mode
+``benchmark``) or enables an on-device tap (mode ``sketch``), and after
+``warmup + steps`` optimizer steps it stops the script by raising
+:class:`StepBudgetReached` (a ``BaseException``, so ``except Exception`` in
+user code does not swallow it).
+
+Samples and tokens are counted from the real batches: the harness wraps
+``torch.utils.data.dataloader._BaseDataLoaderIter.__next__`` (the profiler's
+``enumerate(DataLoader)#...__next__`` range stays inside the wrapper) and reads
+the workload's ``batch_field`` of each batch.
+
+Everything the parent needs goes to ``OUT/result.json``; the Chrome trace to
+``OUT/trace.json``; sketch rows to ``OUT/sketches.json``.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import resource
+import runpy
+import sys
+import time
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.utils.data import dataloader as _dl
+
+#: User annotations and Python-level ranges that are not ops (excluded from top-5).
+_NOT_OPS = ("ProfilerStep#", "enumerate(DataLoader)", "Optimizer.", "## ", "<built-in", "DataLoader")
+
+
+def _current_rss_bytes() -> int:
+    """Resident set size of this process now (Linux ``/proc/self/statm``), bytes."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+class StepBudgetReached(BaseException):
+    """Raised from the optimizer hook once the step budget is spent."""
+
+
+def _leading_count(batch, field, unit: str, mask_field: str | None) -> tuple[int, int, int]:
+    """(samples, tokens, non-padding tokens) in one batch; 0s when unreadable."""
+    try:
+        if isinstance(batch, Mapping):
+            x = batch[field] if not isinstance(field, int) else list(batch.values())[field]
+        elif isinstance(batch, (list, tuple)):
+            x = batch[field if isinstance(field, int) else 0]
+        else:
+            x = batch
+        samples = int(x.shape[0]) if hasattr(x, "shape") and len(x.shape) else 0
+        tokens = int(x.numel()) if unit == "tokens" and hasattr(x, "numel") else 0
+        nonpad = tokens
+        if unit == "tokens" and mask_field and isinstance(batch, Mapping) and mask_field in batch:
+            nonpad = int(batch[mask_field].sum().item())
+        return samples, tokens, nonpad
+    except Exception:  # noqa: BLE001 - an unreadable batch counts as 0, reported by the parent
+        return 0, 0, 0
+
+
+class Harness:
+    """State of one child run; see the module docstring."""
+
+    def __init__(self, spec: dict):
+        self.spec = spec
+        self.out = Path(spec["out_dir"])
+        self.mode = spec["mode"]
+        self.warmup = int(spec.get("warmup", 2))
+        self.steps = int(spec["steps"])
+        self.unit = spec.get("unit", "samples")
+        self.field = spec.get("batch_field", 0)
+        self.mask_field = spec.get("mask_field")
+        self.step = 0
+        self.t_last = None
+        self.step_end_times: list[float] = []
+        self.cur = [0, 0, 0, 0.0]  # samples, tokens, nonpad, data-wait seconds in the current step
+        self.per_step: list[dict] = []
+        self.prof = None
+        self.tap = None
+        self.rss_samples: list[int] = []
+        self.device_kind = "cuda" if torch.cuda.is_available() else "cpu"
+
+    # -- data loader wrapper --------------------------------------------------
+    def install_loader_counter(self) -> None:
+        orig = _dl._BaseDataLoaderIter.__next__
+        h = self
+
+        def __next__(it):  # noqa: N807 - same name as the wrapped method
+            t0 = time.perf_counter()
+            batch = orig(it)
+            h.cur[3] += time.perf_counter() - t0
+            s, t, n = _leading_count(batch, h.field, h.unit, h.mask_field)
+            h.cur[0] += s
+            h.cur[1] += t
+            h.cur[2] += n
+            return batch
+
+        _dl._BaseDataLoaderIter.__next__ = __next__
+
+    # -- optimizer hook ----------------------------------------------------------
+    def on_step(self, optimizer, args, kwargs) -> None:
+        now = time.perf_counter()
+        self.step += 1
+        if self.step > self.warmup:
+            self.per_step.append(
+                {"samples": self.cur[0], "tokens": self.cur[1], "nonpad_tokens": self.cur[2],
+                 "data_wait_s": self.cur[3], "step_time_s": now - self.t_last}
+            )
+            self.rss_samples.append(_current_rss_bytes())
+            if self.tap is not None:
+                self.tap.flush(self.step - self.warmup - 1)
+        self.cur = [0, 0, 0, 0.0]
+        if self.step == self.warmup:
+            self._begin_measured()
+        elif self.step > self.warmup and self.prof is not None and self.step < self.warmup + self.steps:
+            self.prof.step()
+        if self.step >= self.warmup + self.steps:
+            if self.prof is not None:
+                self.prof.stop()  # before unwinding: loader teardown is not a step
+            raise StepBudgetReached()
+        self.t_last = time.perf_counter()
+
+    def _begin_measured(self) -> None:
+        if self.device_kind == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        if self.mode == "profile":
+            acts = [torch.profiler.ProfilerActivity.CPU]
+            if self.device_kind == "cuda":
+                acts.append(torch.profiler.ProfilerActivity.CUDA)
+            # An explicit schedule makes the profiler write ProfilerStep#N ranges; the
+            # harness has already run its own warm-up steps, so the schedule has none.
+            sched = torch.profiler.schedule(wait=0, warmup=0, active=self.steps, repeat=1)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                self.prof = torch.profiler.profile(activities=acts, schedule=sched, record_shapes=True,
+                                                   with_flops=True)
+            self.prof.start()
+        elif self.mode == "sketch":
+            mod, _, cls = self.spec["tap"].partition(":")
+            self.tap = getattr(importlib.import_module(mod), cls)()
+            self.tap.__enter__()
+
+    # -- results -----------------------------------------------------------------
+    def finish(self, reached: bool) -> None:
+        result: dict = {
+            "reached_budget": reached,
+            "steps_seen": self.step,
+            "per_step": self.per_step,
+            "device": self.device_kind,
+            "torch_version": torch.__version__,
+            "hip_version": getattr(torch.version, "hip", None),
+            "cuda_version": getattr(torch.version, "cuda", None),
+            "num_threads": torch.get_num_threads(),
+            "cpu_count": os.cpu_count(),
+            "max_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9,
+            "rss_gb_samples": [r / 1e9 for r in self.rss_samples],
+        }
+        if self.device_kind == "cuda":
+            result["device_name"] = torch.cuda.get_device_name(0)
+            result["mem_peak_gb"] = torch.cuda.max_memory_allocated() / 1e9
+            free, total = torch.cuda.mem_get_info()
+            result["mem_total_gb"] = total / 1e9
+        if self.prof is not None:
+            trace = self.out / "trace.json"
+            self.prof.export_chrome_trace(str(trace))
+            result["trace"] = str(trace)
+            ops = []
+            flops = 0
+            for evt in self.prof.key_averages():
+                flops += int(getattr(evt, "flops", 0) or 0)
+                if evt.key.startswith(_NOT_OPS) or getattr(evt, "is_user_annotation", False):
+                    continue
+                self_us = evt.self_device_time_total if self.device_kind == "cuda" else evt.self_cpu_time_total
+                ops.append({"name": evt.key, "self_us": float(self_us), "count": int(evt.count)})
+            ops.sort(key=lambda o: -o["self_us"])
+            result["ops"] = ops[:50]
+            result["flops_total"] = flops
+        if self.tap is not None:
+            self.tap.__exit__(None, None, None)
+            (self.out / "sketches.json").write_text(json.dumps(self.tap.rows))
+        (self.out / "result.json").write_text(json.dumps(result))
+
+
+def main(argv: list[str]) -> int:
+    spec = json.loads(Path(argv[0]).read_text())
+    h = Harness(spec)
+    if spec.get("threads"):
+        torch.set_num_threads(int(spec["threads"]))
+    h.install_loader_counter()
+    handle = register_optimizer_step_post_hook(h.on_step)
+    script = spec["script"]
+    sys.argv = [script, *spec.get("args", [])]
+    sys.path.insert(0, str(Path(script).parent))
+    h.t_last = time.perf_counter()
+    reached = False
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except StepBudgetReached:
+        reached = True
+    except SystemExit as exc:
+        if exc.code not in (0, None):
+            raise
+    finally:
+        handle.remove()
+    h.finish(reached)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip interpreter teardown: data-loader workers and non-daemon threads of the
+    # user's script must not keep the child alive after the budget is spent.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,121 @@
+"""The DuckDB warehouse: validated frames written through Arrow in one transaction."""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import duckdb
+import pandas as pd
+import pandera.errors
+import pyarrow as pa
+
+from goblin_assets import warehouse_path
+from goblin_assets.errors import WarehouseError
+from goblin_assets.warehouse.tables import TABLES, columns, ddl, schema
+
+
+@contextlib.contextmanager
+def connect(path: str | Path | None = None, read_only: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
+    """Open the warehouse (default ``$GOBLIN_HOME/warehouse.duckdb``) and create missing tables.
+
+    Raises
+    ------
+    WarehouseError
+        The file cannot be opened (another process holds DuckDB's write lock,
+        or it is not a DuckDB database).
+    """
+    p = Path(path) if path else warehouse_path()
+    p.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        con = duckdb.connect(str(p), read_only=read_only and p.exists())
+    except duckdb.Error as exc:
+        raise WarehouseError(f"{p}: cannot open the warehouse: {exc}") from None
+    try:
+        if not read_only:
+            ensure_tables(con)
+        yield con
+    finally:
+        con.close()
+
+
+def ensure_tables(con: duckdb.DuckDBPyConnection) -> None:
+    """Create every table of :data:`TABLES` that does not exist yet."""
+    for t in TABLES:
+        con.execute(ddl(t))
+
+
+def validate(table: str, df: pd.DataFrame) -> pd.DataFrame:
+    """Validate ``df`` against ``table``'s pandera schema; return the coerced frame.
+
+    Raises
+    ------
+    WarehouseError
+        Unknown table, or the frame fails the schema (message names the table,
+        the column and the first failing check).
+    """
+    if table not in TABLES:
+        raise WarehouseError(f"unknown warehouse table {table!r}")
+    try:
+        return schema(table).validate(df, lazy=True)
+    except pandera.errors.SchemaErrors as exc:
+        fc = exc.failure_cases.head(3).to_dict("records")
+        raise WarehouseError(f"table {table}: frame failed its schema: {fc}") from None
+
+
+def write_frames(con: duckdb.DuckDBPyConnection, frames: dict[str, pd.DataFrame]) -> dict[str, int]:
+    """Validate every frame, then insert them all through Arrow in one transaction.
+
+    Either every frame's rows land or none do (a failure rolls back).
+
+    Returns
+    -------
+    dict
+        Rows written per table.
+
+    Raises
+    ------
+    WarehouseError
+        A frame failed validation (nothing written) or the insert failed
+        (rolled back).
+    """
+    checked = {t: validate(t, df) for t, df in frames.items()}
+    counts: dict[str, int] = {}
+    con.execute("BEGIN TRANSACTION")
+    try:
+        for t, df in checked.items():
+            if df.empty:
+                counts[t] = 0
+                continue
+            arrow = pa.Table.from_pandas(df[columns(t)], preserve_index=False)
+            con.register("_goblin_ingest", arrow)
+            cols = ", ".join(f'"{c}"' for c in columns(t))
+            con.execute(f'INSERT INTO "{t}" ({cols}) SELECT {cols} FROM _goblin_ingest')
+            con.unregister("_goblin_ingest")
+            counts[t] = len(df)
+        con.execute("COMMIT")
+    except Exception as exc:
+        con.execute("ROLLBACK")
+        raise WarehouseError(f"warehouse write rolled back: {exc}") from None
+    return counts
+
+
+def write(frames: dict[str, pd.DataFrame], path: str | Path | None = None) -> dict[str, int]:
+    """Open the warehouse, :func:`write_frames`, close."""
+    with connect(path) as con:
+        return write_frames(con, frames)
+
+
+def query(sql: str, path: str | Path | None = None) -> pd.DataFrame:
+    """Run ``sql`` on the warehouse and return the result as a DataFrame.
+
+    Raises
+    ------
+    WarehouseError
+        The SQL failed (message carries DuckDB's error).
+    """
+    with connect(path) as con:
+        try:
+            return con.execute(sql).df()
+        except duckdb.Error as exc:
+            raise WarehouseError(f"query failed: {exc}") from None

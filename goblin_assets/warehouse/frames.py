@@ -1,0 +1,75 @@
+"""Contracts -> tidy frames for the warehouse tables (one function per table)."""
+from __future__ import annotations
+
+import json
+from datetime import datetime
+
+import pandas as pd
+
+from goblin_assets.contracts import BenchmarkResult, RuleMatch, RunMetrics
+from goblin_assets.warehouse.tables import columns
+
+
+def _frame(table: str, rows: list[dict]) -> pd.DataFrame:
+    return pd.DataFrame(rows, columns=columns(table))
+
+
+def runs_frame(m: RunMetrics, run_id: str, label: str, audit_id: str | None = None) -> pd.DataFrame:
+    """One row of ``runs`` (the full RunMetrics kept as JSON in ``metrics_json``)."""
+    return _frame("runs", [{
+        "run_id": run_id, "audit_id": audit_id, "workload": m.workload, "label": label,
+        "created_at": datetime.now(), "ok": m.ok, "provenance": m.provenance.kind, "device": m.provenance.device,
+        "torch_version": m.provenance.torch_version, "steps": m.steps, "step_time_s": m.step_time_s,
+        "samples_per_sec": m.samples_per_sec, "tokens_per_sec": m.tokens_per_sec, "mfu_pct": m.mfu_pct,
+        "mem_peak_gb": m.mem_peak_gb, "util_pct": m.util_pct, "trace_path": m.trace_path,
+        "metrics_json": m.model_dump_json(),
+    }])
+
+
+def kernels_frame(m: RunMetrics, run_id: str) -> pd.DataFrame:
+    """Top ops/kernels of a run, ranked from 1."""
+    return _frame("kernels", [{"run_id": run_id, "rank": i + 1, "name": k.name, "pct_time": k.pct_time}
+                              for i, k in enumerate(m.top_kernels)])
+
+
+def waste_frame(m: RunMetrics, run_id: str, label: str) -> pd.DataFrame:
+    """One row per waste bucket with its seconds per step, share and status."""
+    tot = sum(b.seconds for b in m.waste_budget.values())
+    return _frame("waste_budget", [
+        {"run_id": run_id, "workload": m.workload, "label": label, "bucket": k, "seconds": b.seconds,
+         "share": b.seconds / tot if tot > 0 else 0.0, "status": b.status, "note": b.note}
+        for k, b in m.waste_budget.items()])
+
+
+def kb_frame(matches: list[RuleMatch], audit_id: str, workload: str) -> pd.DataFrame:
+    """One row per rule checked (fired or not), with both scores."""
+    return _frame("kb_matches", [
+        {"audit_id": audit_id, "workload": workload, "rule_id": mt.rule_id, "fired": mt.fired,
+         "detect_score": mt.detect_score, "retrieval_score": mt.retrieval_score, "reason": mt.reason,
+         "evidence_json": json.dumps(mt.evidence, default=str)} for mt in matches])
+
+
+def bench_frame(results: dict[str, BenchmarkResult], audit_id: str, workload: str) -> pd.DataFrame:
+    """One row per repeat of each benchmark arm."""
+    rows = []
+    for lab, r in results.items():
+        for i, tp in enumerate(r.throughputs):
+            rows.append({"audit_id": audit_id, "workload": workload, "label": lab, "repeat": i, "throughput": tp,
+                         "unit": r.metrics.unit, "median": r.median, "spread": r.spread, "steps": r.metrics.steps,
+                         "cache_key": r.cache_key, "cache_hit": r.cache_hit,
+                         "provenance": "replayed" if r.cache_hit else r.metrics.provenance.kind})
+    return _frame("benchmarks", rows)
+
+
+def audit_frame(audit_id: str, workload: str, profile_run_id: str, patched_run_id: str, rep, patch,
+                report_path) -> pd.DataFrame:
+    """One row of ``audits``: the headline numbers of one audit (``rep``: AuditReport, ``patch``: Patch)."""
+    return _frame("audits", [{
+        "audit_id": audit_id, "workload": workload, "created_at": datetime.now(),
+        "profile_run_id": profile_run_id, "baseline_run_id": profile_run_id, "patched_run_id": patched_run_id,
+        "baseline_throughput": rep.baseline_throughput, "patched_throughput": rep.patched_throughput,
+        "unit": rep.unit, "measured_speedup": rep.measured_speedup, "predicted_speedup_low": rep.predicted_low,
+        "predicted_speedup_high": rep.predicted_high, "confidence": rep.confidence,
+        "rules": ",".join(a.rule_id for a in patch.applied), "diff": patch.diff,
+        "report_path": str(report_path) if report_path else None,
+    }])

@@ -1,0 +1,103 @@
+"""Warehouse tables: one declaration gives both the DuckDB DDL and the pandera schema.
+
+Each table is a list of ``(column, duckdb_type, nullable)``; :func:`schema`
+builds the pandera ``DataFrameSchema`` every frame is validated against before
+it is written, and :func:`ddl` the ``CREATE TABLE`` statement.
+"""
+from __future__ import annotations
+
+import pandera.pandas as pa
+
+#: DuckDB type -> pandera dtype
+_PA_TYPES = {
+    "VARCHAR": str,
+    "DOUBLE": float,
+    "BIGINT": "int64",
+    "INTEGER": "int64",
+    "BOOLEAN": bool,
+    "TIMESTAMP": "datetime64[ns]",
+}
+
+TABLES: dict[str, list[tuple[str, str, bool]]] = {
+    "audits": [
+        ("audit_id", "VARCHAR", False), ("workload", "VARCHAR", False), ("created_at", "TIMESTAMP", False),
+        ("profile_run_id", "VARCHAR", False), ("baseline_run_id", "VARCHAR", True),
+        ("patched_run_id", "VARCHAR", True), ("baseline_throughput", "DOUBLE", True),
+        ("patched_throughput", "DOUBLE", True), ("unit", "VARCHAR", False),
+        ("measured_speedup", "DOUBLE", True), ("predicted_speedup_low", "DOUBLE", True),
+        ("predicted_speedup_high", "DOUBLE", True), ("confidence", "DOUBLE", True),
+        ("rules", "VARCHAR", False), ("diff", "VARCHAR", False), ("report_path", "VARCHAR", True),
+    ],
+    "runs": [
+        ("run_id", "VARCHAR", False), ("audit_id", "VARCHAR", True), ("workload", "VARCHAR", False),
+        ("label", "VARCHAR", False), ("created_at", "TIMESTAMP", False), ("ok", "BOOLEAN", False),
+        ("provenance", "VARCHAR", False), ("device", "VARCHAR", False), ("torch_version", "VARCHAR", True),
+        ("steps", "BIGINT", False), ("step_time_s", "DOUBLE", True), ("samples_per_sec", "DOUBLE", True),
+        ("tokens_per_sec", "DOUBLE", True), ("mfu_pct", "DOUBLE", True), ("mem_peak_gb", "DOUBLE", True),
+        ("util_pct", "DOUBLE", True), ("trace_path", "VARCHAR", True), ("metrics_json", "VARCHAR", False),
+    ],
+    "kernels": [
+        ("run_id", "VARCHAR", False), ("rank", "BIGINT", False), ("name", "VARCHAR", False),
+        ("pct_time", "DOUBLE", False),
+    ],
+    "waste_budget": [
+        ("run_id", "VARCHAR", False), ("workload", "VARCHAR", False), ("label", "VARCHAR", False),
+        ("bucket", "VARCHAR", False), ("seconds", "DOUBLE", False), ("share", "DOUBLE", False),
+        ("status", "VARCHAR", False), ("note", "VARCHAR", False),
+    ],
+    "sketches": [
+        ("run_id", "VARCHAR", False), ("workload", "VARCHAR", False), ("model", "VARCHAR", False),
+        ("step", "BIGINT", False), ("backend", "VARCHAR", False), ("dist", "VARCHAR", False),
+        ("M", "BIGINT", False), ("K", "BIGINT", False), ("N", "BIGINT", False), ("numel", "BIGINT", False),
+        ("site", "VARCHAR", False), ("role", "VARCHAR", False), ("stat", "VARCHAR", False),
+        ("idx", "BIGINT", False), ("value", "DOUBLE", False),
+    ],
+    "patterns": [
+        ("run_id", "VARCHAR", False), ("workload", "VARCHAR", False), ("site", "VARCHAR", False),
+        ("role", "VARCHAR", False), ("finding", "VARCHAR", False), ("score", "DOUBLE", False),
+        ("evidence_json", "VARCHAR", False),
+    ],
+    "kb_matches": [
+        ("audit_id", "VARCHAR", False), ("workload", "VARCHAR", False), ("rule_id", "VARCHAR", False),
+        ("fired", "BOOLEAN", False), ("detect_score", "DOUBLE", False), ("retrieval_score", "DOUBLE", True),
+        ("reason", "VARCHAR", False), ("evidence_json", "VARCHAR", False),
+    ],
+    "benchmarks": [
+        ("audit_id", "VARCHAR", False), ("workload", "VARCHAR", False), ("label", "VARCHAR", False),
+        ("repeat", "BIGINT", False), ("throughput", "DOUBLE", False), ("unit", "VARCHAR", False),
+        ("median", "DOUBLE", False), ("spread", "DOUBLE", False), ("steps", "BIGINT", False),
+        ("cache_key", "VARCHAR", False), ("cache_hit", "BOOLEAN", False), ("provenance", "VARCHAR", False),
+    ],
+}
+
+#: Extra checks per (table, column) beyond type and nullability.
+_CHECKS: dict[tuple[str, str], list[pa.Check]] = {
+    ("runs", "provenance"): [pa.Check.isin(["measured", "replayed", "modelled"])],
+    ("waste_budget", "status"): [pa.Check.isin(["measured", "estimated", "not_observable"])],
+    ("waste_budget", "seconds"): [pa.Check.ge(0)],
+    ("waste_budget", "share"): [pa.Check.in_range(0, 1)],
+    ("sketches", "role"): [pa.Check.isin(["lhs", "rhs", "out", "probs", "route"])],
+    ("sketches", "numel"): [pa.Check.ge(0)],
+    ("kernels", "pct_time"): [pa.Check.in_range(0, 100)],
+    ("benchmarks", "throughput"): [pa.Check.gt(0)],
+    ("benchmarks", "label"): [pa.Check.isin(["baseline", "patched"])],
+}
+
+
+def schema(table: str) -> pa.DataFrameSchema:
+    """The pandera schema of ``table`` (strict: no missing or extra columns)."""
+    cols = {
+        name: pa.Column(_PA_TYPES[typ], nullable=nullable, checks=_CHECKS.get((table, name), []), coerce=True)
+        for name, typ, nullable in TABLES[table]
+    }
+    return pa.DataFrameSchema(cols, strict=True, ordered=True, name=table)
+
+
+def ddl(table: str) -> str:
+    """``CREATE TABLE IF NOT EXISTS`` for ``table``."""
+    cols = ", ".join(f'"{n}" {t}{"" if nullable else " NOT NULL"}' for n, t, nullable in TABLES[table])
+    return f'CREATE TABLE IF NOT EXISTS "{table}" ({cols})'
+
+
+def columns(table: str) -> list[str]:
+    return [c for c, _, _ in TABLES[table]]
