@@ -20,9 +20,14 @@ Span = tuple[int, int, int, int]
 
 @dataclass(frozen=True)
 class Undetermined:
-    """A value that exists in the file but cannot be known before run time."""
+    """A value that exists in the file but cannot be known before run time.
+
+    ``cli`` marks a value left to the command line (an argparse or dataclass
+    argument without a default): it is the user's setting, not an object.
+    """
 
     reason: str
+    cli: bool = False
 
 
 class _Marker:
@@ -251,6 +256,8 @@ def _str(value: Any, sibling: Callable[[str], Any]) -> Any:
 
 
 def _str_only(value: Any, sibling: Callable[[str], Any]) -> Any:
+    if isinstance(value, Undetermined) and value.cli:
+        return value
     return value if isinstance(value, str) else SKIP
 
 
@@ -319,8 +326,12 @@ def tool_chain(tool: str) -> list[str]:
 
 
 def tool_rows(tool: str) -> list[tuple[str, str, str, int]]:
-    """Synonym rows of ``tool`` then of its bases."""
-    return [row for t in tool_chain(tool) for row in F.SYNONYMS.get(t, [])]
+    """Synonym rows of ``tool`` then of its bases (a (field, key) pair only once)."""
+    rows: dict[tuple[str, str], tuple[str, str, str, int]] = {}
+    for t in tool_chain(tool):
+        for row in F.SYNONYMS.get(t, []):
+            rows.setdefault((row[0], row[1]), row)
+    return list(rows.values())
 
 
 def tool_defaults(tool: str) -> dict[str, tuple[object, str, str]]:
@@ -348,7 +359,7 @@ def detect_tool(keys: set[str] | dict[str, Any]) -> str:
             if sig.startswith("*"):
                 if any(k.endswith(sig[1:]) for k in keys):
                     return tool
-            elif sig in keys:
+            elif sig in keys or any(k.startswith(sig + ".") for k in keys):
                 return tool
     return "hf"
 

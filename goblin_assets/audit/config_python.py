@@ -24,8 +24,10 @@ from goblin_assets.audit.config_map import (
 from goblin_assets.contracts import Provenance
 
 _KIND_ORDER = ("literal", "variable", "default", "env", "inferred")
-_MAX_DEPTH = 40
+_MAX_DEPTH = 60
 _NUMBER_LIMIT = 10 ** 18
+#: Resolution steps per script (results are memoised; this bounds pathological files).
+_RESOLVE_BUDGET = 100_000
 
 
 def _stronger(a: str, b: str) -> str:
@@ -101,11 +103,13 @@ class _Collector(ast.NodeVisitor):
     def generic_visit(self, node: ast.AST) -> None:
         for child in ast.iter_child_nodes(node):
             self.parents[id(child)] = node
-        super().generic_visit(node)
+            if not isinstance(child, (ast.Constant, ast.Name, ast.expr_context)):
+                self.visit(child)
 
     def visit_Import(self, node: ast.Import) -> None:
         for alias in node.names:
-            self.imports[alias.asname or alias.name.split(".")[0]] = alias.name if alias.asname else alias.name.split(".")[0]
+            head = alias.name.split(".")[0]
+            self.imports[alias.asname or head] = alias.name if alias.asname else head
         self.generic_visit(node)
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
@@ -208,6 +212,8 @@ class _Script:
         self.c = _Collector()
         self.c.visit(self.tree)
         self.c.calls.sort(key=lambda n: (n.lineno, n.col_offset))
+        self._memo: dict[tuple[int, int | None], Resolved] = {}
+        self._budget = _RESOLVE_BUDGET
         self.tokenizers = {name for name, callee in self.c.assigned_from.items()
                            if re.search(r"Tokenizer\w*\.from_pretrained$", callee)}
 
@@ -262,13 +268,21 @@ class _Script:
         if depth > _MAX_DEPTH:
             return _undetermined("too many indirections to resolve")
         line = getattr(node, "lineno", line) if line is None else line
+        key = (id(node), line)
+        if key in self._memo:
+            return self._memo[key]
+        self._budget -= 1
+        if self._budget < 0:
+            return _undetermined("too complex to resolve statically")
         method = getattr(self, "_r_" + type(node).__name__, None)
         if method is None:
             return _undetermined(f"`{_short(node)}` is computed at run time")
         try:
-            return method(node, line, depth + 1)
+            result = method(node, line, depth + 1)
         except (ArithmeticError, ValueError, TypeError, OverflowError, MemoryError):
-            return _undetermined(f"`{_short(node)}` could not be evaluated statically")
+            result = _undetermined(f"`{_short(node)}` could not be evaluated statically")
+        self._memo[key] = result
+        return result
 
     def _r_Constant(self, node: ast.Constant, line: int | None, depth: int) -> Resolved:
         return Resolved(node.value, node)
@@ -289,8 +303,9 @@ class _Script:
                 return self._argparse_default(node.attr, arg, line, depth)
             if node.attr in self.c.dc_fields:
                 default = self.c.dc_fields[node.attr]
-                if default is None:
-                    return _undetermined(f"dataclass field `{node.attr}` has no default")
+                if default is None or (isinstance(default, ast.Constant) and default.value is None):
+                    return Resolved(Undetermined(f"dataclass field `{node.attr}` has no default: "
+                                                 "set on the command line", cli=True))
                 return self.resolve(default, None, depth).via(
                     "default", f"dataclass field default of {node.attr} (a CLI flag may override it)")
         full = self.fullname(node)
@@ -300,13 +315,14 @@ class _Script:
 
     def _argparse_default(self, dest: str, arg: _ArgDef, line: int | None, depth: int) -> Resolved:
         note = f"argparse default of --{dest.replace('_', '-')} (a command-line flag may override it)"
-        if arg.default is not None:
+        none = isinstance(arg.default, ast.Constant) and arg.default.value is None
+        if arg.default is not None and not none:
             return self.resolve(arg.default, None, depth).via("default", note)
         if arg.implicit is not None:
             return Resolved(arg.implicit, None, "default", (note,))
         if arg.required:
-            return _undetermined(f"--{dest} is a required command-line argument")
-        return _undetermined(f"--{dest} has no default (None unless passed on the command line)")
+            return Resolved(Undetermined(f"--{dest} is a required command-line argument", cli=True))
+        return Resolved(Undetermined(f"--{dest} has no default (None unless passed on the command line)", cli=True))
 
     def _r_UnaryOp(self, node: ast.UnaryOp, line: int | None, depth: int) -> Resolved:
         inner = self.resolve(node.operand, line, depth)
@@ -397,11 +413,10 @@ class _Script:
     _r_Tuple = _r_List
 
     def _r_IfExp(self, node: ast.IfExp, line: int | None, depth: int) -> Resolved:
-        for call in ast.walk(node.test):
-            if isinstance(call, ast.Call):
-                note = F.RUNTIME_TRUE.get(dotted(call.func).rsplit(".", 1)[-1])
-                if note and not isinstance(node.test, ast.UnaryOp):
-                    return self.resolve(node.body, line, depth).via("inferred", note)
+        notes = [F.RUNTIME_TRUE[tail] for call in ast.walk(node.test) if isinstance(call, ast.Call)
+                 and (tail := dotted(call.func).rsplit(".", 1)[-1]) in F.RUNTIME_TRUE]
+        if notes and not isinstance(node.test, ast.UnaryOp):
+            return self.resolve(node.body, line, depth).via("inferred", "; ".join(notes))
         test = self.resolve(node.test, line, depth)
         if isinstance(test.value, Undetermined):
             return _undetermined(f"`{_short(node)}` depends on a run-time condition")
@@ -421,7 +436,8 @@ class _Script:
         if isinstance(container.value, dict) and str(key.value) in container.value:
             hit = container.value[str(key.value)]
             return hit.via(_stronger(container.kind, key.kind)).via(key.kind, "; ".join(key.notes))
-        if isinstance(container.value, list) and isinstance(key.value, int) and -len(container.value) <= key.value < len(container.value):
+        items = container.value
+        if isinstance(items, list) and isinstance(key.value, int) and -len(items) <= key.value < len(items):
             return Resolved(container.value[key.value], None, _stronger(container.kind, "variable"))
         return _undetermined(f"`{_short(node)}` is computed at run time")
 
@@ -515,6 +531,12 @@ class _Analysis:
         self._names()
         self._grad_accum()
         self._imports()
+        imported = [F.TRAINING_ARGS_CLASSES[full.rsplit(".", 1)[-1]] for full in self.s.c.imports.values()
+                    if full.rsplit(".", 1)[-1] in F.TRAINING_ARGS_CLASSES]
+        if self.tool is None and imported:   # HfArgumentParser((..., TrainingArguments)): defaults + CLI
+            self.tool = imported[0]
+            self.warnings.append(f"{self.file}: trainer arguments are parsed from the command line; "
+                                 "values not in the file are the library defaults")
         tool = self.tool or ("torch" if self.training else "text")
         if tool == "torch":
             self._raw_loop_defaults()
@@ -555,7 +577,8 @@ class _Analysis:
             for arg, (field_name, conv) in args.items():
                 node = s.argument(call, arg)
                 if node is not None:
-                    self.add(field_name, s.resolve(node, line), conv, rank, call, f"{arg.lstrip('#')} of {name}(...)")
+                    label = f"argument {arg[1:]}" if arg.startswith("#") else arg
+                    self.add(field_name, s.resolve(node, line), conv, rank, call, f"{label} of {name}(...)")
             if "attn_implementation" in args:
                 for arg in F.LOAD_DTYPE_ARGS:
                     node = s.argument(call, arg)
@@ -568,7 +591,8 @@ class _Analysis:
             self._autocast(call, name)
         if tail == "DataLoader":
             self.training = True
-        if tail in F.OPTIMIZER_CLASSES and ("optim" in full.split(".")[:-1] or full.startswith(("bnb.", "bitsandbytes."))):
+        is_optimizer = "optim" in full.split(".")[:-1] or full.startswith(("bnb.", "bitsandbytes."))
+        if tail in F.OPTIMIZER_CLASSES and is_optimizer:
             self._optimizer(call, full)
         elif tail in F.CHECKPOINTING_CALLS or (tail == "checkpoint" and full.startswith(F.CHECKPOINT_MODULE)):
             off = s.argument(call, "use_gradient_checkpointing")

@@ -15,7 +15,8 @@ _VALUE = r"(\"[^\"\n]*\"|'[^'\n]*'|[^\s\\\"';|&()]+)"
 #: ``--key value``, ``--key=value`` or a bare ``--flag``.
 FLAG = re.compile(r"(?<![\w-])--([A-Za-z][\w.-]*)(?:(?:[ \t]*=[ \t]*|[ \t]+)(?!-)" + _VALUE + r")?")
 #: ``key=value`` / ``key: value`` (Python keywords, env files, YAML-ish lines).
-PAIR = re.compile(r"(?<![\w.$-])([A-Za-z_][\w.]*)[ \t]*(?:=|:(?=[ \t]))[ \t]*" + _VALUE)
+PAIR = re.compile(r"(?<![\w.$-])([A-Za-z_][\w.]*)[ \t]*(?:=|:(?=[ \t]))[ \t]*"
+                  r"(\"[^\"\n]*\"|'[^'\n]*'|[^\s\\\"';|&(),\[\]{}]+)")
 #: ``NAME=value`` shell assignments at the start of a line (optionally exported).
 ASSIGN = re.compile(r"(?m)^[ \t]*(?:export[ \t]+)?([A-Za-z_]\w*)=" + _VALUE)
 _VAR = re.compile(r"^\$\{?([A-Za-z_]\w*)\}?$")

@@ -20,8 +20,9 @@ from goblin_assets.errors import ConfigParseError
 
 #: Deeper nesting than this is refused (no real config nests past ~6).
 MAX_DEPTH = 64
-#: YAML nodes visited while flattening (aliases re-visit their target).
-MAX_NODES = 200_000
+#: Mapping entries re-visited through aliases while flattening (an alias bomb
+#: re-visits its targets exponentially often; real configs re-use a few blocks).
+MAX_ALIAS_VISITS = 10_000
 #: Lists longer than this are not kept as values (no field is a long list).
 MAX_LIST = 1_000
 
@@ -192,9 +193,9 @@ def flatten_json(text: str, file: str) -> dict[str, Raw]:
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
-def _scalar(node: yaml.ScalarNode) -> Any:
+def _scalar(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> Any:
     try:
-        return yaml.SafeLoader("").construct_object(node)
+        return loader.construct_object(node)
     except Exception:  # an invalid timestamp or similar: keep the text
         return node.value
 
@@ -210,7 +211,7 @@ def flatten_yaml(text: str, file: str, warnings: list[str] | None = None) -> dic
     ------
     ConfigParseError
         Invalid YAML (with line), nesting deeper than MAX_DEPTH, or more than
-        MAX_NODES nodes after alias expansion (an alias bomb).
+        MAX_ALIAS_VISITS entries re-visited through aliases (an alias bomb).
     """
     if bracket_depth(text) > MAX_DEPTH:
         raise ConfigParseError(file, f"YAML nested deeper than {MAX_DEPTH} levels")
@@ -228,19 +229,21 @@ def flatten_yaml(text: str, file: str, warnings: list[str] | None = None) -> dic
     if not isinstance(root, yaml.MappingNode):
         raise ConfigParseError(file, "the YAML top level is not a mapping of settings")
     out: dict[str, Raw] = {}
-    budget = [MAX_NODES]
-
-    def visit() -> None:
-        budget[0] -= 1
-        if budget[0] < 0:
-            raise ConfigParseError(file, f"YAML expands to more than {MAX_NODES} nodes (alias bomb?)")
+    loader = yaml.SafeLoader("")
+    seen: set[int] = set()
+    budget = [MAX_ALIAS_VISITS]
 
     def walk(node: yaml.MappingNode, prefix: str, into: dict[str, Raw], depth: int) -> None:
         if depth > MAX_DEPTH:
             raise ConfigParseError(file, f"YAML nested deeper than {MAX_DEPTH} levels")
+        if id(node) in seen:
+            budget[0] -= len(node.value)
+            if budget[0] < 0:
+                raise ConfigParseError(file, f"YAML aliases expand to more than {MAX_ALIAS_VISITS} "
+                                             "re-used entries (an alias bomb?)")
+        seen.add(id(node))
         merged: dict[str, Raw] = {}
         for key_node, value_node in node.value:
-            visit()
             if not isinstance(key_node, yaml.ScalarNode):
                 continue
             if key_node.tag.endswith(":merge") or key_node.value == "<<":
@@ -254,13 +257,11 @@ def flatten_yaml(text: str, file: str, warnings: list[str] | None = None) -> dic
                 walk(value_node, dotted + ".", into, depth + 1)
                 continue
             if isinstance(value_node, yaml.ScalarNode):
-                value = _scalar(value_node)
+                value = _scalar(loader, value_node)
             else:
                 items = value_node.value
                 scalars = len(items) <= MAX_LIST and all(isinstance(i, yaml.ScalarNode) for i in items)
-                for _ in range(min(len(items), MAX_LIST)):
-                    visit()
-                value = [_scalar(i) for i in items] if scalars else None
+                value = [_scalar(loader, i) for i in items] if scalars else None
             start, end = value_node.start_mark, value_node.end_mark
             span = (start.line + 1, start.column, end.line + 1, end.column)
             into[dotted] = Raw(value, file, start.line + 1, span)

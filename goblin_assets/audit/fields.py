@@ -149,6 +149,12 @@ SYNONYMS: dict[str, list[tuple[str, str, str, int]]] = {
         ("gradient_checkpointing", "fsdp_config.fsdp_activation_checkpointing", "bool", R_ACCELERATE),
         ("_deepspeed", "deepspeed_config.deepspeed_config_file", "str", R_ACCELERATE),
     ],
+    # HF trainer_state.json: run state, not the arguments (train_batch_size is
+    # per_device_train_batch_size x n_gpu of one process).
+    "trainer_state": [
+        ("batch_size", "train_batch_size", "int", R_EXPLICIT),
+        ("_max_steps", "max_steps", "int", R_EXPLICIT),
+    ],
     # Regex fallback over shell launch lines: HF flags plus accelerate launch's.
     "shell": [],
     "text": [],
@@ -165,17 +171,18 @@ TOOL_NAMES: dict[str, str] = {
     "hf": "transformers TrainingArguments", "trl_sft": "TRL SFTConfig", "trl": "TRL trainer config",
     "handbook": "alignment-handbook recipe (TRL SFT)", "axolotl": "axolotl", "llamafactory": "LLaMA-Factory",
     "torchtune": "torchtune", "oumi": "oumi", "deepspeed": "DeepSpeed", "accelerate": "accelerate",
-    "shell": "launch command line", "torch": "raw PyTorch loop", "text": "unrecognised text",
+    "shell": "launch command line", "trainer_state": "transformers trainer_state.json", "torch": "raw PyTorch loop", "text": "unrecognised text",
 }
 
 #: How a flattened YAML/JSON mapping is recognised: the first tool with any
 #: of these keys wins (``*`` matches any key ending with the rest).
 TOOL_SIGNATURES: list[tuple[str, tuple[str, ...]]] = [
+    ("trainer_state", ("log_history",)),
     ("deepspeed", ("zero_optimization", "train_micro_batch_size_per_gpu", "zero_allow_untested_optimizer")),
     ("accelerate", ("compute_environment", "distributed_type")),
     ("torchtune", ("*._component_",)),
     ("oumi", ("training.per_device_train_batch_size", "training.trainer_type", "model.model_name")),
-    ("axolotl", ("micro_batch_size", "sequence_len", "base_model", "lora_r", "adapter")),
+    ("axolotl", ("micro_batch_size", "sequence_len", "base_model")),
     ("llamafactory", ("finetuning_type", "cutoff_len", "stage", "template", "flash_attn")),
     ("handbook", ("dataset_mixer", "dataset_mixture", "use_flash_attention_2", "use_peft")),
     ("hf", ("*",)),
@@ -205,7 +212,8 @@ TOOL_DEFAULTS: dict[str, dict[str, tuple[object, str, str]]] = {
     },
     "trl_sft": {
         "lr": (2e-5, "default", f"learning_rate=2e-5: {_TRL}"),
-        "gradient_checkpointing": (True, "default", f"gradient_checkpointing=True since TRL v0.22.0 (PR #3510): {_TRL}"),
+        "gradient_checkpointing": (True, "default",
+                                   f"gradient_checkpointing=True since TRL v0.22.0 (PR #3510): {_TRL}"),
         "precision": ("bf16", "default", f"bf16=None -> True unless fp16, since TRL v0.19.0: {_TRL}"),
         "seq_len": (1024, "default", f"max_length=1024: {_TRL}"),
     },
@@ -242,6 +250,7 @@ TOOL_DEFAULTS: dict[str, dict[str, tuple[object, str, str]]] = {
         "dataloader_workers": (0, "default", "oumi dataloader_num_workers default 0"),
     },
     "shell": {},
+    "trainer_state": {},
     "handbook": {},
     "deepspeed": {},
     "accelerate": {},
@@ -410,6 +419,19 @@ PY_NAME_CONVERTERS: dict[str, str] = {
     "model_name": "model_id", "batch_size": "int", "grad_accum_steps": "int", "seq_len": "int",
     "precision": "dtype", "lora_rank": "int", "dataloader_workers": "int", "lr": "float",
     "warmup_steps": "int", "gradient_checkpointing": "bool",
+}
+#: Why a field is null when a script never mentions it, where the generic
+#: "not found" would say too little.
+NOT_FOUND_REASONS: dict[str, str] = {
+    "model_name": "the model is built in code or loaded elsewhere: no from_pretrained(...) id, "
+                  "model argument or init_from variable",
+    "seq_len": "no sequence length in the file (no tokenizer max_length, block_size or seq_len argument); "
+               "the data may not be token sequences",
+}
+#: Tools whose files are not argument sets: a missing key means "not recorded".
+NOT_RECORDED_TOOLS: dict[str, str] = {
+    "trainer_state": "trainer_state.json records run state, not the training arguments "
+                     "(read training_args.json / training_args.bin beside it)",
 }
 #: nanoGPT ``init_from`` values that are not a model id.
 NOT_MODEL_IDS: tuple[str, ...] = ("scratch", "resume")

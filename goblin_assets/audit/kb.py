@@ -4,14 +4,30 @@ A rule's ``detect`` is a list of conditions, all of which must hold for the
 rule to fire.  Each condition is ``PATH OP VALUE``:
 
 * ``PATH``: ``config.<field>`` (ConfigDict), ``waste.<bucket>.share`` or
-  ``waste.<bucket>.seconds``, ``metrics.<field>`` (RunMetrics), ``env.<VAR>``,
-  ``platform`` (``cpu``/``cuda``/``rocm``), ``cores``, ``torch_version``.
-* ``OP``: ``<  <=  >  >=  ==  !=  in  not_in``.
+  ``waste.<bucket>.seconds``, ``metrics.<field>`` (RunMetrics, nested fields
+  with dots, e.g. ``metrics.provenance.device``), ``env.<VAR>``,
+  ``platform`` (``cpu``/``cuda``/``rocm``), ``cores``, ``torch_version``,
+  ``rocm_version`` (the HIP version of the run's torch build),
+  ``env_prefix.<PREFIX>`` (how many environment variables start with PREFIX),
+  ``kernels.<kind>.pct`` (percent of profiled time in the top kernels of one
+  kind, see :data:`KERNEL_KINDS`), ``host.<key>`` (``online_cpus``,
+  ``affinity_cpus``, ``numa_nodes``, ``amx_bf16``) and ``packages.<dist>``
+  (installed version of a Python distribution, null when absent).
+* ``OP``: ``<  <=  >  >=  ==  !=  in  not_in  multiple_of  not_multiple_of``.
 * ``VALUE``: a YAML scalar or list (``0.3``, ``eager``, ``null``, ``[a, b]``),
   or another PATH.
 
-A condition whose left side is unknown (null) does not hold, and the match
-says which value was missing: the KB never fires on a guess.
+Versions (``torch_version``, ``rocm_version``, ``packages.*``) compare as
+release tuples, so ``torch_version >= 2.10`` is true for ``2.13.0+cpu``.
+Environment values are strings; against a number they compare numerically
+(``env.LOCAL_WORLD_SIZE > 1``).  A condition whose left side is unknown (null)
+does not hold, and the match says which value was missing: the KB never fires
+on a guess.  A rule with ``torch_version_min`` / ``rocm_version_min`` does not
+fire on a run whose known version is lower.
+
+Paths are checked on load: a condition that names a ConfigDict field, waste
+bucket, RunMetrics field, kernel kind or host key that does not exist is a
+:class:`KBError` naming the rule.
 """
 from __future__ import annotations
 
@@ -27,25 +43,50 @@ import yaml
 from pydantic import ValidationError
 
 from goblin_assets import REPO_ROOT
-from goblin_assets.contracts import CONFIG_FIELDS, ConfigDict, Rule, RuleMatch, RunMetrics
+from goblin_assets.contracts import CONFIG_FIELDS, WASTE_BUCKETS, ConfigDict, Rule, RuleMatch, RunMetrics
 from goblin_assets.errors import KBError
 
 DEFAULT_KB = REPO_ROOT / "kb" / "rocm_rules.yaml"
 
-_COND = re.compile(r"^\s*([A-Za-z_][\w.]*)\s*(<=|>=|==|!=|<|>|not_in|in)\s*(.+?)\s*$")
+_COND = re.compile(
+    r"^\s*([A-Za-z_][\w.\-]*)\s*(<=|>=|==|!=|<|>|not_multiple_of|multiple_of|not_in|in)\s*(.+?)\s*$")
 _OPS = {
     "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
     "==": operator.eq, "!=": operator.ne,
     "in": lambda a, b: a in b, "not_in": lambda a, b: a not in b,
+    "multiple_of": lambda a, b: a % b == 0, "not_multiple_of": lambda a, b: a % b != 0,
 }
-_ROOTS = ("config", "waste", "metrics", "env", "platform", "cores", "torch_version")
+_ORDER = ("<", "<=", ">", ">=", "==", "!=")
+_ROOTS = ("config", "waste", "metrics", "env", "env_prefix", "platform", "cores", "torch_version",
+          "rocm_version", "kernels", "host", "packages")
+_VERSION_PATHS = ("torch_version", "rocm_version")
+
+#: Kernel kinds for ``kernels.<kind>.pct``: the first pattern that matches a
+#: top kernel's (or CPU op's) name wins, so the order matters (a convolution
+#: implemented as an implicit GEMM counts as ``conv``).  Names follow the
+#: libraries' own kernel naming: Tensile ``Cijk_*`` and hipBLASLt on ROCm,
+#: cuBLAS/CUTLASS ``*gemm*``/``xmma`` on CUDA, ``aten::*`` ops on CPU traces.
+#: Source: measured kernel names in PyTorch profiler traces; Holistic Trace
+#: Analysis kernel breakdown (categories are data, not if-chains).
+KERNEL_KINDS: dict[str, re.Pattern[str]] = {
+    "conv": re.compile(r"conv|implicit_?gemm|igemm|miopensp", re.I),
+    "attention": re.compile(r"flash|fmha|attn|attention|scaled_dot_product|sdpa", re.I),
+    "collective": re.compile(r"nccl|rccl|all_?reduce|all_?gather|reduce_?scatter|c10d", re.I),
+    "optimizer": re.compile(r"adam|multi_tensor_apply|foreach|optimizer|sgd", re.I),
+    "gemm": re.compile(r"gemm|matmul|addmm|bmm|aten::mm\b|aten::linear|Cijk_|cutlass|xmma|hipblaslt|rocblas|cublas", re.I),
+    "elementwise": re.compile(r"elementwise|vectorized|pointwise|triton_poi|aten::(add|mul|relu|gelu|silu|copy_|fill_)",
+                              re.I),
+}
+#: Keys of the ``host`` root (the machine the audit runs on).
+HOST_KEYS = ("online_cpus", "affinity_cpus", "numa_nodes", "amx_bf16")
 
 #: Variables that configure a profiler or a debugger, never the workload
 #: (kb_facts G01, G02).  A rule may *unset* them, never set them.
 PROFILER_ENV = re.compile(
     r"^(ROCPROFSYS_|ROCPROF_|OMNITRACE_|HIP_LAUNCH_BLOCKING$|CUDA_LAUNCH_BLOCKING$|AMD_SERIALIZE_|"
     r"PYTORCH_NO_(HIP|CUDA)_MEMORY_CACHING$|TORCH_COMPILE_DEBUG$|PYTORCH_TUNABLEOP_VERBOSE$|HIPBLASLT_LOG_|"
-    r"MIOPEN_ENABLE_LOGGING|MIOPEN_LOG_LEVEL$|MIOPEN_CHECK_NUMERICS$|HIP_FORCE_QUEUE_PROFILING$|HSA_TOOLS_LIB$)"
+    r"MIOPEN_ENABLE_LOGGING|MIOPEN_LOG_LEVEL$|MIOPEN_CHECK_NUMERICS$|HIP_FORCE_QUEUE_PROFILING$|HSA_TOOLS_LIB$|"
+    r"HIPBLASLT_ENABLE_MARKER$|HSA_ENABLE_DEBUG$|HSA_DISABLE_FRAGMENT_ALLOCATOR$)"
 )
 
 
@@ -94,9 +135,13 @@ def load_kb(path: str | Path | None = None) -> KnowledgeBase:
         if rule.id in seen:
             raise KBError(f"{p}: rule {rule.id}: duplicate id")
         seen.add(rule.id)
+        if rule.targets_bucket not in WASTE_BUCKETS:
+            raise KBError(f"{p}: rule {rule.id}: field 'targets_bucket': {rule.targets_bucket!r} is not a "
+                          f"waste bucket ({', '.join(WASTE_BUCKETS)})")
         for cond in rule.detect:
-            if not _COND.match(cond) or cond.split()[0].split(".")[0] not in _ROOTS:
-                raise KBError(f"{p}: rule {rule.id}: field 'detect': cannot parse condition {cond!r}")
+            problem = _check_condition_paths(cond)
+            if problem:
+                raise KBError(f"{p}: rule {rule.id}: field 'detect': {problem}")
         for var in rule.fix.env:
             if PROFILER_ENV.match(var):
                 raise KBError(f"{p}: rule {rule.id}: field 'fix.env': {var} configures a profiler or "
@@ -109,8 +154,14 @@ def load_kb(path: str | Path | None = None) -> KnowledgeBase:
 
 
 def detect_context(config: ConfigDict, metrics: RunMetrics, env: dict[str, str] | None = None,
-                   cores: int | None = None) -> dict[str, Any]:
-    """The values ``detect`` conditions read, from one config and one run."""
+                   cores: int | None = None, *, host: dict[str, Any] | None = None,
+                   packages: dict[str, str | None] | None = None) -> dict[str, Any]:
+    """The values ``detect`` conditions read, from one config and one run.
+
+    ``host`` and ``packages`` default to this machine and this Python
+    environment (:func:`host_facts`, installed distributions); pass them to
+    check a replayed run recorded elsewhere.
+    """
     import os
 
     from goblin_assets.audit.waste import shares
@@ -118,16 +169,169 @@ def detect_context(config: ConfigDict, metrics: RunMetrics, env: dict[str, str] 
     prov = metrics.provenance
     platform = "rocm" if prov.hip_version else ("cuda" if prov.cuda_version and prov.device != "cpu" else "cpu")
     sh = shares(metrics.waste_budget)
+    env_now = dict(env if env is not None else os.environ)
     return {
         "config": config.values(),
         "waste": {b: {"share": sh[b], "seconds": v.seconds, "status": v.status}
                   for b, v in metrics.waste_budget.items()},
         "metrics": metrics.model_dump(exclude={"waste_budget", "step_times_s", "stderr_tail"}),
-        "env": dict(env if env is not None else os.environ),
+        "env": env_now,
+        "env_prefix": _EnvPrefix(env_now),
         "platform": platform,
         "cores": cores or prov.cpu_count or os.cpu_count(),
         "torch_version": prov.torch_version,
+        "rocm_version": prov.hip_version,
+        "kernels": kernel_kind_pct(metrics),
+        "host": host if host is not None else host_facts(),
+        "packages": _Packages(packages),
     }
+
+
+def kernel_kind_pct(metrics: RunMetrics) -> dict[str, dict[str, float]]:
+    """Percent of profiled time per kernel kind (:data:`KERNEL_KINDS`) over the top kernels.
+
+    Empty when the run recorded no top kernels, so ``kernels.*`` conditions
+    then say "not available" instead of seeing 0 %.
+
+    Units: percent (0..100) of profiled time.
+    """
+    if not metrics.top_kernels:
+        return {}
+    pct = dict.fromkeys(KERNEL_KINDS, 0.0)
+    for k in metrics.top_kernels:
+        kind = next((name for name, rx in KERNEL_KINDS.items() if rx.search(k.name)), None)
+        if kind:
+            pct[kind] += k.pct_time
+    return {kind: {"pct": v} for kind, v in pct.items()}
+
+
+def host_facts() -> dict[str, Any]:
+    """This machine's CPU facts for ``host.*`` conditions (Linux; null where unknown).
+
+    ``online_cpus``: ``os.cpu_count()``; ``affinity_cpus``: CPUs this process
+    may run on (less than online when pinned with ``taskset``/``numactl``);
+    ``numa_nodes``: ``/sys/devices/system/node/node*``; ``amx_bf16``: the CPU
+    flag oneDNN needs for AMX bf16 (kb_facts C04).
+    """
+    import glob
+    import os
+
+    try:
+        affinity: int | None = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - non-Linux
+        affinity = None
+    nodes = len(glob.glob("/sys/devices/system/node/node[0-9]*")) or None
+    try:
+        flags = Path("/proc/cpuinfo").read_text(errors="replace")
+        amx: bool | None = bool(re.search(r"^flags\s*:.*\bamx_bf16\b", flags, re.M))
+    except OSError:
+        amx = None
+    return {"online_cpus": os.cpu_count(), "affinity_cpus": affinity, "numa_nodes": nodes, "amx_bf16": amx}
+
+
+class _EnvPrefix(dict):
+    """``env_prefix.<PREFIX>``: how many environment variables start with ``PREFIX``."""
+
+    def __init__(self, env: dict[str, str]):
+        super().__init__()
+        self._env = env
+
+    def __contains__(self, prefix: object) -> bool:
+        return isinstance(prefix, str)
+
+    def __missing__(self, prefix: str) -> int:
+        return sum(1 for k in self._env if k.startswith(prefix))
+
+
+class _Packages(dict):
+    """``packages.<dist>``: installed versions, looked up on first use (null when absent)."""
+
+    def __init__(self, given: dict[str, str | None] | None = None):
+        super().__init__(given or {})
+        self._given = given is not None
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str)
+
+    def __missing__(self, name: str) -> str | None:
+        from importlib import metadata
+
+        if self._given:
+            return None
+        try:
+            version: str | None = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            version = None
+        self[name] = version
+        return version
+
+
+def version_tuple(text: Any) -> tuple[int, ...] | None:
+    """The release part of a version string as integers: ``"6.2.41133-dd7f"`` -> ``(6, 2, 41133)``.
+
+    ``None`` when ``text`` does not start with a number.
+    """
+    m = re.match(r"\s*v?(\d+(?:\.\d+)*)", str(text)) if text is not None else None
+    return tuple(int(x) for x in m.group(1).split(".")) if m else None
+
+
+def _cmp_versions(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    n = max(len(a), len(b))
+    a, b = a + (0,) * (n - len(a)), b + (0,) * (n - len(b))
+    return (a > b) - (a < b)
+
+
+def version_at_least(version: str | None, minimum: str | None) -> bool | None:
+    """``version >= minimum`` as release tuples; ``None`` when either is unknown."""
+    va, vb = version_tuple(version), version_tuple(minimum)
+    if va is None or vb is None:
+        return None
+    return _cmp_versions(va, vb) >= 0
+
+
+_METRIC_FIELDS = set(RunMetrics.model_fields) - {"waste_budget", "step_times_s", "stderr_tail"}
+_WASTE_KEYS = ("share", "seconds", "status")
+
+
+def _check_path(path: str) -> str | None:
+    """Why ``path`` names nothing a context has (None when it is fine)."""
+    parts = path.split(".")
+    root, rest = parts[0], parts[1:]
+    if root not in _ROOTS:
+        return f"unknown root {root!r} (one of {', '.join(_ROOTS)})"
+    if root in ("platform", "cores", "torch_version", "rocm_version"):
+        return f"{root} has no sub-fields" if rest else None
+    if not rest:
+        return f"{root} needs a field ({root}.<name>)"
+    if root == "config" and (len(rest) != 1 or rest[0] not in CONFIG_FIELDS):
+        return f"unknown ConfigDict field {'.'.join(rest)!r}"
+    if root == "waste" and (len(rest) != 2 or rest[0] not in WASTE_BUCKETS or rest[1] not in _WASTE_KEYS):
+        return f"expected waste.<bucket>.share|seconds|status with a bucket of {', '.join(WASTE_BUCKETS)}"
+    if root == "metrics" and rest[0] not in _METRIC_FIELDS:
+        return f"unknown RunMetrics field {rest[0]!r}"
+    if root == "kernels" and (len(rest) != 2 or rest[0] not in KERNEL_KINDS or rest[1] != "pct"):
+        return f"expected kernels.<kind>.pct with a kind of {', '.join(KERNEL_KINDS)}"
+    if root == "host" and (len(rest) != 1 or rest[0] not in HOST_KEYS):
+        return f"unknown host key {'.'.join(rest)!r} (one of {', '.join(HOST_KEYS)})"
+    if root in ("env", "env_prefix", "packages") and len(rest) != 1:
+        return f"expected {root}.<NAME>"
+    return None
+
+
+def _is_path(text: str) -> bool:
+    return text.split(".")[0] in _ROOTS and re.fullmatch(r"[A-Za-z_][\w.\-]*", text) is not None
+
+
+def _check_condition_paths(cond: str) -> str | None:
+    m = _COND.match(cond)
+    if not m:
+        return f"cannot parse condition {cond!r}"
+    path, _, rhs = m.groups()
+    for side in (path, rhs) if _is_path(rhs) else (path,):
+        problem = _check_path(side)
+        if problem:
+            return f"condition {cond!r}: {problem}"
+    return None
 
 
 _MISSING = object()
@@ -144,9 +348,27 @@ def _resolve(path: str, ctx: dict[str, Any]) -> Any:
 
 
 def _value(text: str, ctx: dict[str, Any]) -> Any:
-    if text.split(".")[0] in _ROOTS and re.fullmatch(r"[A-Za-z_][\w.]*", text):
+    if _is_path(text):
         return _resolve(text, ctx)
     return yaml.safe_load(text)
+
+
+def _is_version_path(path: str) -> bool:
+    return path in _VERSION_PATHS or path.startswith("packages.")
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _as_number(v: Any) -> Any:
+    """An environment string that holds a number, as that number (else ``v`` unchanged)."""
+    if isinstance(v, str):
+        try:
+            return float(v)
+        except ValueError:
+            return v
+    return v
 
 
 def check_condition(cond: str, ctx: dict[str, Any]) -> tuple[bool, str]:
@@ -161,9 +383,21 @@ def check_condition(cond: str, ctx: dict[str, Any]) -> tuple[bool, str]:
         return False, f"{path}: not available"
     if lhs is None and op not in ("==", "!=", "in", "not_in"):
         return False, f"{path} is unknown (null)"
+    if _is_version_path(path) and op in _ORDER and lhs is not None and rhs is not None:
+        # versions compare as release tuples: the raw text, so "2.10" is not the float 2.1
+        va = version_tuple(lhs)
+        vb = version_tuple(rhs if _is_path(rhs_text) else rhs_text.strip("'\""))
+        if va is None or vb is None:
+            return False, f"{path}={lhs!r}: not a version comparable with {rhs_text}"
+        ok = _OPS[op](_cmp_versions(va, vb), 0)
+        return ok, f"{path}={lhs} {op} {rhs_text}: {'yes' if ok else 'no'}"
+    if op in _ORDER + ("multiple_of", "not_multiple_of") and (isinstance(lhs, str) or isinstance(rhs, str)):
+        a, b = _as_number(lhs), _as_number(rhs)  # env values are strings: "8" > 1 compares 8.0 > 1
+        if _is_number(a) and _is_number(b):
+            lhs, rhs = a, b
     try:
         ok = bool(_OPS[op](lhs, rhs))
-    except TypeError:
+    except (TypeError, ZeroDivisionError):
         return False, f"{path}={lhs!r} not comparable with {rhs!r}"
     shown = f"{lhs:.3g}" if isinstance(lhs, float) else repr(lhs)
     return ok, f"{path}={shown} {op} {rhs_text}: {'yes' if ok else 'no'}"
@@ -173,14 +407,28 @@ def match_rule(rule: Rule, ctx: dict[str, Any]) -> RuleMatch:
     """Check every condition of ``rule``; it fires only if all hold and the platform fits."""
     results = [check_condition(c, ctx) for c in rule.detect]
     platform_ok = ctx.get("platform") in rule.platforms
+    too_old = _too_old(rule, ctx)
     held = sum(ok for ok, _ in results)
     score = held / len(results) if results else 0.0
-    fired = platform_ok and held == len(results)
+    fired = platform_ok and not too_old and held == len(results)
     reason = "; ".join(expl for _, expl in results)
+    if too_old:
+        reason = f"{too_old}; " + reason
     if not platform_ok:
         reason = f"platform {ctx.get('platform')} not in {rule.platforms}; " + reason
     evidence = {c: expl for c, (_, expl) in zip(rule.detect, results)}
     return RuleMatch(rule_id=rule.id, fired=fired, detect_score=score, evidence=evidence, reason=reason)
+
+
+def _too_old(rule: Rule, ctx: dict[str, Any]) -> str:
+    """Why the run's known torch/ROCm version is below the rule's minimum ('' when it is not)."""
+    tv = ctx.get("torch_version")
+    if rule.torch_version_min and version_at_least(tv, rule.torch_version_min) is False:
+        return f"torch {tv} < torch_version_min {rule.torch_version_min}"
+    rv = ctx.get("rocm_version")
+    if ctx.get("platform") == "rocm" and rule.rocm_version_min and version_at_least(rv, rule.rocm_version_min) is False:
+        return f"ROCm/HIP {rv} < rocm_version_min {rule.rocm_version_min}"
+    return ""
 
 
 def match_rules(kb: KnowledgeBase, ctx: dict[str, Any]) -> list[RuleMatch]:

@@ -70,6 +70,14 @@ def _insert_python(text: str, field: str, value: Any) -> str:
     return "".join(lines)
 
 
+def _same_file(recorded: str | None, path: Path) -> bool:
+    """Whether a provenance ``file`` (absolute, or relative to the parsed file's folder) is ``path``."""
+    if not recorded:
+        return False
+    rec = Path(recorded)
+    return rec.resolve() == path.resolve() if rec.is_absolute() else (path.parent / rec).resolve() == path.resolve()
+
+
 def edit_source(config: ConfigDict, changes: dict[str, Any]) -> str:
     """The user's file with ``changes`` (field -> new value) applied.
 
@@ -80,14 +88,13 @@ def edit_source(config: ConfigDict, changes: dict[str, Any]) -> str:
     """
     path = Path(config.source_file)
     text = path.read_text(encoding="utf-8")
-    fmt = config.source_format or ("python" if path.suffix == ".py" else path.suffix.lstrip("."))
-    fmt = "yaml" if fmt in ("yml", "yaml", "axolotl", "llamafactory", "torchtune") else fmt
+    fmt = {".py": "python", ".json": "json", ".yaml": "yaml", ".yml": "yaml"}.get(path.suffix.lower(), "text")
     # Apply span replacements from the end of the file backwards so earlier spans stay valid.
     spans = []
     inserts = []
     for fld, val in changes.items():
         prov = config.provenance.get(fld)
-        if prov is not None and prov.span is not None and prov.file and Path(prov.file).resolve() == path.resolve():
+        if prov is not None and prov.span is not None and _same_file(prov.file, path):
             spans.append((tuple(prov.span), fld, val))
         else:
             inserts.append((fld, val))

@@ -15,50 +15,54 @@ import re
 # `client_secret`, `db_password`, `AccountKey` ...  Not `tokenizer`,
 # `max_new_tokens` or `pad_token_id` (a letter or `_id` follows the word).
 _SECRET_KEY = (
-    r"[A-Za-z0-9_.-]*?(?:api[_-]?key|access[_-]?key|account[_-]?key|private[_-]?key|secret[_-]?key"
+    r"(?:api[_-]?key|access[_-]?key|account[_-]?key|private[_-]?key|secret[_-]?key"
     r"|secret|token|passw(?:or)?d|passphrase|pwd|credentials?|auth)(?![A-Za-z])(?!_id)"
 )
 # A value long enough, and made of token characters, to be a credential.
 _SECRET_VALUE = r"[A-Za-z0-9_\-./+=:~]{6,}"
 
-#: (name, pattern, replacement) applied in this order.  Sources for the token
-#: formats: GitHub "About authentication" (ghp_/gho_/github_pat_), Hugging Face
+#: (name, hints, pattern, replacement) applied in this order; a pattern only
+#: runs when one of its lower-case hints occurs in the text (a cheap substring
+#: test).  Sources for the token formats: GitHub "About authentication" (ghp_/gho_/github_pat_), Hugging Face
 #: "User access tokens" (hf_), OpenAI / Anthropic API key docs (sk-...), AWS IAM
 #: "Unique identifiers" (AKIA/ASIA prefixes), Slack token types (xox?-),
 #: RFC 7519 (JWT), RFC 7617/6750 (Basic/Bearer), RFC 7468 (PEM).
-REDACTIONS: tuple[tuple[str, re.Pattern[str], str], ...] = (
-    ("private-key",
+REDACTIONS: tuple[tuple[str, tuple[str, ...], re.Pattern[str], str], ...] = (
+    ("private-key", ("private key",),
      re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----"
                 r"(?:[\s\S]*?-----END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----|[A-Za-z0-9+/=\s\\n:-]*)"),
      "<redacted:private-key>"),
-    ("url-credentials",
+    ("url-credentials", ("://",),
      re.compile(r"(?i)\b([a-z][a-z0-9+.-]{1,20}://)[^/\s:@\"'<>]+:[^/\s@\"'<>]+@"),
      r"\1<redacted>@"),
-    ("bearer", re.compile(r"(?i)\b(bearer|basic|token)(\s+)[A-Za-z0-9._~+/=-]{8,}"), r"\1\2<redacted>"),
-    ("jwt", re.compile(r"\beyJ[A-Za-z0-9_-]{4,}(?:\.[A-Za-z0-9_-]*){0,2}"), "<redacted:jwt>"),
-    ("openai-key", re.compile(r"(?<![A-Za-z0-9])sk-[A-Za-z0-9_-]{16,}"), "<redacted:sk>"),
-    ("stripe-key", re.compile(r"\b[sr]k_(?:live|test)_[A-Za-z0-9]{10,}"), "<redacted:key>"),
-    ("hf-token", re.compile(r"(?<![A-Za-z0-9])hf_[A-Za-z0-9]{20,}"), "<redacted:hf>"),
-    ("github-token", re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,})"), "<redacted:gh>"),
-    ("gitlab-token", re.compile(r"\bglpat-[A-Za-z0-9_-]{16,}"), "<redacted:gitlab>"),
-    ("slack-token", re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}"), "<redacted:slack>"),
-    ("google-api-key", re.compile(r"\bAIza[0-9A-Za-z_-]{30,}"), "<redacted:google>"),
-    ("aws-access-key", re.compile(r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA)[A-Z0-9]{16}\b"), "<redacted:aws>"),
+    ("bearer", ("bearer", "basic", "token"),
+     re.compile(r"(?i)\b(bearer|basic|token)(\s+)[A-Za-z0-9._~+/=-]{8,}"), r"\1\2<redacted>"),
+    ("jwt", ("eyj",), re.compile(r"\beyJ[A-Za-z0-9_-]{4,}(?:\.[A-Za-z0-9_-]*){0,2}"), "<redacted:jwt>"),
+    ("openai-key", ("sk-",), re.compile(r"(?<![A-Za-z0-9])sk-[A-Za-z0-9_-]{16,}"), "<redacted:sk>"),
+    ("stripe-key", ("k_live_", "k_test_"), re.compile(r"\b[sr]k_(?:live|test)_[A-Za-z0-9]{10,}"), "<redacted:key>"),
+    ("hf-token", ("hf_",), re.compile(r"(?<![A-Za-z0-9])hf_[A-Za-z0-9]{20,}"), "<redacted:hf>"),
+    ("github-token", ("gh", "github_pat_"),
+     re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,})"), "<redacted:gh>"),
+    ("gitlab-token", ("glpat-",), re.compile(r"\bglpat-[A-Za-z0-9_-]{16,}"), "<redacted:gitlab>"),
+    ("slack-token", ("xox",), re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}"), "<redacted:slack>"),
+    ("google-api-key", ("aiza",), re.compile(r"\bAIza[0-9A-Za-z_-]{30,}"), "<redacted:google>"),
+    ("aws-access-key", ("akia", "asia", "agpa", "aida", "aroa", "anpa", "anva", "aipa"),
+     re.compile(r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA)[A-Z0-9]{16}\b"), "<redacted:aws>"),
     # key = "value", key: value, os.environ["KEY"] = "value", --api-key value, KEY=value
-    ("secret-assignment",
+    ("secret-assignment", ("key", "secret", "token", "pass", "pwd", "credential", "auth"),
      re.compile(r"(?i)(" + _SECRET_KEY + r"[\"']?\]?\s*[:=]\s*)"
                 r"(?:([\"'])(" + _SECRET_VALUE + r")\2|(" + _SECRET_VALUE + r")(?=[\s,}\]]|$))"),
      ""),
     # --hf-token VALUE, --api_key=VALUE on a command line
-    ("secret-flag",
-     re.compile(r"(?i)(--" + _SECRET_KEY + r"(?:\s+|=)[\"']?)(" + _SECRET_VALUE + r")"),
+    ("secret-flag", ("--",),
+     re.compile(r"(?i)(--[A-Za-z0-9_-]*?" + _SECRET_KEY + r"(?:\s+|=)[\"']?)(" + _SECRET_VALUE + r")"),
      r"\1<redacted>"),
-    ("object-store", re.compile(r"(?i)\b(s3[an]?|gs|gcs|az|abfss?|wasbs?|oss|r2)://[^\s\"'<>)\]},;]+"),
+    ("object-store", ("://",), re.compile(r"(?i)\b(s3[an]?|gs|gcs|az|abfss?|wasbs?|oss|r2)://[^\s\"'<>)\]},;]+"),
      r"\1://<redacted>"),
-    ("websocket", re.compile(r"(?i)\b(wss?)://[^\s\"'<>)\]},;]+"), r"\1://<redacted>"),
-    ("home-dir", re.compile(r"/home/(?!<user>)[^/\s\"'<>:;,)]+"), "/home/<user>"),
-    ("mac-home", re.compile(r"/Users/(?!<user>)[^/\s\"'<>:;,)]+"), "/Users/<user>"),
-    ("windows-home", re.compile(r"(?i)\b([a-z]:\\+Users\\+)(?!<user>)[^\\\s\"'<>]+"), r"\1<user>"),
+    ("websocket", ("ws://", "wss://"), re.compile(r"(?i)\b(wss?)://[^\s\"'<>)\]},;]+"), r"\1://<redacted>"),
+    ("home-dir", ("/home/",), re.compile(r"/home/(?!<user>)[^/\s\"'<>:;,)]+"), "/home/<user>"),
+    ("mac-home", ("/users/",), re.compile(r"/Users/(?!<user>)[^/\s\"'<>:;,)]+"), "/Users/<user>"),
+    ("windows-home", ("users\\",), re.compile(r"(?i)\b([a-z]:\\+Users\\+)(?!<user>)[^\\\s\"'<>]+"), r"\1<user>"),
 )
 
 # Values that look like a secret assignment but are not one.
@@ -98,7 +102,10 @@ def redact(text: str) -> str:
     """
     if not text:
         return text
-    for name, pattern, replacement in REDACTIONS:
+    lower = text.lower()
+    for name, hints, pattern, replacement in REDACTIONS:
+        if not any(h in lower for h in hints):
+            continue
         if name == "secret-assignment":
             text = pattern.sub(_assignment, text)
         else:

@@ -26,7 +26,7 @@ _KW = dict(partitions_def=workloads_partitions, kinds={"python"})
 
 
 def _audit_id(context: dg.AssetExecutionContext) -> str:
-    return f"{context.partition_key}-{context.run_id[:8]}"
+    return f"{context.partition_key}-{context.run.run_id[:8]}"
 
 
 def _write(duckdb: DuckDBResource, frames: dict[str, pd.DataFrame]) -> dict[str, dg.MetadataValue]:

@@ -34,6 +34,9 @@ _SECRET_ENV = re.compile(
     re.IGNORECASE,
 )
 
+#: stderr text of an allocation that failed: Python, torch's CPU allocator (ENOMEM), CUDA/HIP.
+_OOM = re.compile(r"MemoryError|out of memory|can't allocate memory|Cannot allocate memory", re.IGNORECASE)
+
 
 @dataclass
 class RawRun:
@@ -108,6 +111,10 @@ class LocalRunner:
         self.mem_cap_gb = mem_cap_gb
         self.python = python or sys.executable
 
+    def _command(self, spec_path: Path) -> list[str]:
+        """The child's argv (a profiler wrapper such as rocprofv3 prefixes it)."""
+        return [self.python, "-m", "goblin_assets.runners.harness", str(spec_path)]
+
     def run(
         self,
         workload: Workload,
@@ -146,6 +153,8 @@ class LocalRunner:
         }
         (run_dir / "spec.json").write_text(json.dumps(spec, indent=1))
         child_env = scrubbed_env(env, unset_env)
+        # A segfault or abort in the child then leaves a Python traceback in the stderr tail.
+        child_env.setdefault("PYTHONFAULTHANDLER", "1")
         if self.device == "cpu":
             child_env["CUDA_VISIBLE_DEVICES"] = ""
             child_env["HIP_VISIBLE_DEVICES"] = ""
@@ -153,7 +162,7 @@ class LocalRunner:
         t0 = time.perf_counter()
         with open(stdout_p, "wb") as out, open(stderr_p, "wb") as err:
             proc = subprocess.Popen(
-                [self.python, "-m", "goblin_assets.runners.harness", str(run_dir / "spec.json")],
+                self._command(run_dir / "spec.json"),
                 cwd=scratch, env=child_env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
                 preexec_fn=_limit_memory(self.mem_cap_gb),
             )
@@ -184,7 +193,7 @@ class LocalRunner:
                 sig = signal.Signals(-rc).name
                 raw.failure = f"{script_name}: killed by {sig}" + (
                     " (memory cap or out of memory)" if sig == "SIGKILL" else "")
-            elif "MemoryError" in stderr_tail or "out of memory" in stderr_tail.lower():
+            elif _OOM.search(stderr_tail):
                 raw.failure = f"{script_name}: ran out of memory (cap {self.mem_cap_gb} GB)"
             else:
                 last = [ln for ln in stderr_tail.strip().splitlines() if ln.strip()]

@@ -62,6 +62,11 @@ TABLES: dict[str, list[tuple[str, str, bool]]] = {
         ("fired", "BOOLEAN", False), ("detect_score", "DOUBLE", False), ("retrieval_score", "DOUBLE", True),
         ("reason", "VARCHAR", False), ("evidence_json", "VARCHAR", False),
     ],
+    "kb_embeddings": [
+        ("kb_sha256", "VARCHAR", False), ("model", "VARCHAR", False), ("rule_id", "VARCHAR", False),
+        ("rule_pos", "BIGINT", False), ("text", "VARCHAR", False), ("dim", "BIGINT", False),
+        ("embedding_json", "VARCHAR", False), ("created_at", "TIMESTAMP", False),
+    ],
     "benchmarks": [
         ("audit_id", "VARCHAR", False), ("workload", "VARCHAR", False), ("label", "VARCHAR", False),
         ("repeat", "BIGINT", False), ("throughput", "DOUBLE", False), ("unit", "VARCHAR", False),

@@ -1,0 +1,77 @@
+"""The whole audit on the real digits workload: measured speedup, warehouse rows, report, errors."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from goblin_assets.warehouse.db import query
+from tests.conftest import WORKLOADS
+
+pytestmark = pytest.mark.slow
+
+
+def _goblin(*args, env_home: Path, timeout=900):
+    import os
+
+    env = {**os.environ, "GOBLIN_HOME": str(env_home)}
+    return subprocess.run([sys.executable, "-m", "goblin_assets.cli", *args], capture_output=True, text=True,
+                          env=env, timeout=timeout)
+
+
+def test_goblin_audit_json_on_digits(goblin_home):
+    r = _goblin("audit", str(WORKLOADS / "digits_mlp"), "--steps", "5", "--bench-steps", "15", "--repeats", "2",
+                "--json", env_home=goblin_home)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout)
+    for key in ("config", "baseline", "patched", "measured_speedup", "rules", "diff", "report_path"):
+        assert key in out
+    assert out["config"]["batch_size"] == 64
+    assert out["rules"] == ["data.loader_workers_with_threads"]
+    # the loader is the bottleneck: more workers + one main thread must pay off clearly
+    assert out["measured_speedup"] > 1.2, out["benchmark"]
+    before = out["baseline"]["waste_budget"]
+    after = out["patched"]["waste_budget"]
+    share = lambda wb, k: wb[k]["seconds"] / sum(b["seconds"] for b in wb.values())  # noqa: E731
+    assert share(before, "data_wait") > 0.30
+    assert after["data_wait"]["seconds"] < before["data_wait"]["seconds"]  # the loader wait per step falls
+    report = Path(out["report_path"])
+    text = report.read_text()
+    assert "Measured speedup" in text and "```diff" in text and "tuning_guide" in text
+    assert (report.parent / "report.png").stat().st_size > 5000
+    # warehouse rows for this audit, in every table
+    aid = out["audit_id"]
+    db = goblin_home / "warehouse.duckdb"
+    counts = {t: query(f"SELECT count(*) n FROM {t}", db).n[0] for t in
+              ("runs", "kernels", "waste_budget", "sketches", "patterns", "kb_matches", "benchmarks", "audits")}
+    assert all(n > 0 for n in counts.values()), counts
+    assert query(f"SELECT count(*) n FROM benchmarks WHERE audit_id='{aid}'", db).n[0] == 4
+    # goblin sql reads the same file
+    r = _goblin("sql", "SELECT label, count(*) AS n FROM benchmarks GROUP BY label ORDER BY label", "--json",
+                env_home=goblin_home)
+    assert json.loads(r.stdout) == [{"label": "baseline", "n": 2}, {"label": "patched", "n": 2}]
+
+
+def test_bad_path_is_a_clear_error(goblin_home):
+    r = _goblin("audit", "/no/such/workload", env_home=goblin_home)
+    assert r.returncode == 2
+    assert "/no/such/workload" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_crashing_script_names_the_file_and_writes_nothing(goblin_home, tmp_path):
+    wl = tmp_path / "crashy"
+    shutil_copy = (WORKLOADS / "digits_mlp" / "train.py").read_text().replace(
+        "        for x, y in loader:\n", "        for x, y in loader:\n            raise RuntimeError('boom in the loop')\n")
+    wl.mkdir()
+    (wl / "train.py").write_text(shutil_copy)
+    (wl / "workload.yaml").write_text("entry: train.py\n")
+    r = _goblin("audit", str(wl), "--steps", "3", env_home=goblin_home)
+    assert r.returncode == 2
+    assert "train.py" in r.stderr and "boom in the loop" in r.stderr
+    db = goblin_home / "warehouse.duckdb"
+    if db.exists():
+        for t in ("runs", "sketches", "benchmarks", "audits"):
+            assert query(f"SELECT count(*) n FROM {t}", db).n[0] == 0

@@ -1,0 +1,70 @@
+"""The Dagster code location: loads, has the stages with their lineage, materializes digits_mlp."""
+from __future__ import annotations
+
+import dagster as dg
+import pytest
+from dagster_duckdb import DuckDBResource
+
+from goblin_assets.definitions import defs
+from goblin_assets.defs.partitions import workload_folders_sensor, workloads_partitions
+from goblin_assets.defs.resources import RunnerResource
+from goblin_assets.warehouse.db import query
+
+STAGES = ["workload_source", "training_config", "profile_run", "waste_budget", "tensor_sketches", "mined_patterns",
+          "kb_rules", "kb_matches", "patch", "benchmark_baseline", "benchmark_patched", "audit_report"]
+
+
+def _graph():
+    return defs.resolve_asset_graph()
+
+
+def test_every_stage_is_an_asset():
+    keys = {k.to_user_string() for k in _graph().get_all_asset_keys()}
+    assert set(STAGES) <= keys
+
+
+@pytest.mark.parametrize("child,parents", [
+    ("training_config", {"workload_source"}),
+    ("profile_run", {"workload_source"}),
+    ("waste_budget", {"profile_run"}),
+    ("tensor_sketches", {"workload_source", "profile_run"}),
+    ("mined_patterns", {"tensor_sketches"}),
+    ("kb_matches", {"training_config", "profile_run", "waste_budget", "mined_patterns", "kb_rules"}),
+    ("patch", {"training_config", "kb_rules", "kb_matches", "profile_run", "workload_source"}),
+    ("benchmark_baseline", {"training_config", "workload_source"}),
+    ("benchmark_patched", {"patch", "workload_source"}),
+    ("audit_report", {"profile_run", "benchmark_baseline", "benchmark_patched", "patch", "training_config",
+                      "workload_source"}),
+])
+def test_lineage(child, parents):
+    node = _graph().get(dg.AssetKey(child))
+    assert {k.to_user_string() for k in node.parent_keys} == parents
+
+
+def test_sensor_adds_workload_partitions():
+    instance = dg.DagsterInstance.ephemeral()
+    res = workload_folders_sensor(dg.build_sensor_context(instance=instance))
+    added = [p for r in res.dynamic_partitions_requests for p in getattr(r, "partition_keys", [])]
+    assert "digits_mlp" in added
+
+
+@pytest.mark.slow
+def test_materialize_digits_partition_in_process(tmp_path, monkeypatch):
+    monkeypatch.setenv("GOBLIN_HOME", str(tmp_path / "home"))
+    db = tmp_path / "wh.duckdb"
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions(workloads_partitions.name, ["digits_mlp"])
+    resources = {"runner": RunnerResource(profiled_steps=4, bench_steps=12, bench_repeats=2, sketch_steps=2),
+                 "duckdb": DuckDBResource(database=str(db))}
+    assets = list(defs.assets)
+    assert dg.materialize(assets, selection=["kb_rules"], instance=instance, resources=resources).success
+    graph = _graph()
+    partitioned = [k for k in graph.get_all_asset_keys() if graph.get(k).partitions_def is not None]
+    res = dg.materialize(assets, selection=partitioned, partition_key="digits_mlp", instance=instance,
+                         resources=resources)
+    assert res.success
+    meta = res.asset_materializations_for_node("audit_report")[-1].metadata
+    assert "Measured speedup" in meta["report"].value and "```diff" in meta["report"].value
+    assert meta["measured_speedup"].value > 1.0
+    for t in ("runs", "kernels", "waste_budget", "sketches", "patterns", "kb_matches", "benchmarks", "audits"):
+        assert query(f"SELECT count(*) n FROM {t}", db).n[0] > 0, t

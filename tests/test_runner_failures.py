@@ -1,0 +1,118 @@
+"""Child-process failure modes of the local runner: each is a failed RawRun with a reason, never a crash.
+
+All children start at once (one module fixture, a thread each), so the file
+costs about one torch import plus the hang's timeout.
+"""
+from __future__ import annotations
+
+import textwrap
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from goblin_assets.runners.local import LocalRunner, RawRun
+from goblin_assets.runners.workload import load_workload
+
+HANG_TIMEOUT_S = 5.0
+
+SCRIPTS = {
+    "hangs": ("""\
+        import time
+        while True:
+            time.sleep(1)
+        """, {"timeout_s": HANG_TIMEOUT_S}),
+    "torch_oom": ("""\
+        import torch
+        x = torch.empty(8 * 1024**3, dtype=torch.uint8)
+        x.fill_(1)
+        """, {"mem_cap_gb": 3.0}),
+    "python_oom": ("""\
+        buffers = [bytearray(8 * 1024**3)]
+        """, {"mem_cap_gb": 3.0}),
+    "segfaults": ("""\
+        import ctypes
+        ctypes.string_at(0)
+        """, {}),
+    "aborts": ("""\
+        import os
+        os.abort()
+        """, {}),
+    "exits_3": ("""\
+        import sys
+        print("loading config.yaml", file=sys.stderr)
+        print("fatal: learning_rate must be positive", file=sys.stderr)
+        sys.exit(3)
+        """, {}),
+    "one_step": ("""\
+        import torch
+        w = torch.nn.Parameter(torch.zeros(3))
+        opt = torch.optim.SGD([w], lr=0.1)
+        w.grad = torch.ones(3)
+        opt.step()
+        print("done after one step")
+        """, {}),
+}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, RawRun]:
+    root = tmp_path_factory.mktemp("failures")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("GOBLIN_HOME", str(root / "home"))
+
+    def one(name: str) -> RawRun:
+        body, settings = SCRIPTS[name]
+        script = root / f"{name}.py"
+        script.write_text(textwrap.dedent(body))
+        runner = LocalRunner(device="cpu", **{"timeout_s": 60.0, "mem_cap_gb": 4.0, **settings})
+        return runner.run(load_workload(script), "benchmark", steps=2, warmup=2)
+
+    try:
+        with ThreadPoolExecutor(max_workers=len(SCRIPTS)) as pool:
+            return dict(zip(SCRIPTS, pool.map(one, SCRIPTS)))
+    finally:
+        mp.undo()
+
+
+def _failed(raw: RawRun, name: str) -> str:
+    assert not raw.ok
+    assert raw.result == {} or not raw.result.get("per_step")
+    assert raw.failure.startswith(f"{name}.py: "), raw.failure
+    return raw.failure
+
+
+def test_hang_times_out(runs):
+    raw = runs["hangs"]
+    assert _failed(raw, "hangs") == f"hangs.py: timed out after {HANG_TIMEOUT_S:.0f} s (wall-clock limit)"
+    assert raw.wall_s < HANG_TIMEOUT_S + 10
+
+
+@pytest.mark.parametrize("name", ["torch_oom", "python_oom"])
+def test_allocation_beyond_the_cap_is_out_of_memory(runs, name):
+    raw = runs[name]
+    assert _failed(raw, name) == f"{name}.py: ran out of memory (cap 3.0 GB)"
+    assert "allocate memory" in raw.stderr_tail or "MemoryError" in raw.stderr_tail
+
+
+@pytest.mark.parametrize("name, sig", [("segfaults", "SIGSEGV"), ("aborts", "SIGABRT")])
+def test_crash_is_killed_by_signal_with_traceback(runs, name, sig):
+    raw = runs[name]
+    assert _failed(raw, name) == f"{name}.py: killed by {sig}"
+    assert raw.returncode < 0
+    # PYTHONFAULTHANDLER in the child: the tail says where it died
+    assert "Fatal Python error" in raw.stderr_tail and f"{name}.py" in raw.stderr_tail
+
+
+def test_nonzero_exit_keeps_code_and_stderr_tail(runs):
+    raw = runs["exits_3"]
+    assert _failed(raw, "exits_3") == "exits_3.py: exited with code 3: fatal: learning_rate must be positive"
+    assert raw.returncode == 3
+    assert "loading config.yaml" in raw.stderr_tail
+
+
+def test_ending_before_warmup_is_explained(runs):
+    raw = runs["one_step"]
+    assert _failed(raw, "one_step") == (
+        "one_step.py: finished after 1 optimizer steps; need more than 2 warm-up steps "
+        "(is optimizer.step() called?)")
+    assert raw.returncode == 0
