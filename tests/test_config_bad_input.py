@@ -147,3 +147,11 @@ def test_exponential_name_chain_is_bounded(tmp_path: Path):
     assert time.perf_counter() - start < 2.0
     assert cfg.grad_accum_steps == 2 ** 10
     assert cfg.batch_size is None  # 2**59 is past the number limit: undetermined, not guessed
+
+
+def test_out_of_range_values_are_undetermined(tmp_path: Path):
+    path = tmp_path / "args.json"
+    path.write_text('{"per_device_train_batch_size": 0, "learning_rate": -1e-4, "dataloader_num_workers": -1}')
+    cfg = parse_config(path)
+    assert cfg.batch_size is None and cfg.lr is None and cfg.dataloader_workers is None
+    assert sum("below the smallest valid" in w for w in cfg.warnings) == 3

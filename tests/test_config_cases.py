@@ -1,6 +1,7 @@
 """Every config case (shared/cases/configs and tests/data/configs) parses to its expected values."""
 from __future__ import annotations
 
+import io
 import json
 import math
 import time
@@ -37,7 +38,7 @@ def _same(got, want) -> bool:
 
 
 def _table_text(cfg) -> str:
-    console = Console(record=True, width=400, file=open("/dev/null", "w"))
+    console = Console(record=True, width=400, file=io.StringIO())
     console.print(render_config_table(cfg))
     return console.export_text()
 

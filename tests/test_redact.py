@@ -1,6 +1,7 @@
 """redact(): secrets and personal paths never reach stored or shown output."""
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
@@ -53,7 +54,7 @@ def test_twenty_secrets_never_reach_output(tmp_path: Path):
     path.write_text(SCRIPT_HEAD + "\n".join(line for _, line in SECRETS) + "\n" + SCRIPT_TAIL)
     cfg = parse_config(path)
     assert cfg.batch_size == 4 and cfg.precision == "bf16"
-    console = Console(record=True, width=300, file=open("/dev/null", "w"))
+    console = Console(record=True, width=300, file=io.StringIO())
     console.print(render_config_table(cfg))
     outputs = {
         "json": json.dumps(config_to_json(cfg)),

@@ -22,6 +22,7 @@ from goblin_assets import goblin_home
 from goblin_assets.audit.profile import failed_metrics, throughput_fields
 from goblin_assets.contracts import BenchmarkResult, RunMetrics, RunProvenance
 from goblin_assets.errors import RunFailed
+from goblin_assets.runners.image import read_rocm_image
 from goblin_assets.runners.local import LocalRunner
 from goblin_assets.runners.workload import Workload
 
@@ -38,8 +39,8 @@ def runner_code_hash() -> str:
 
 
 def image_tag() -> str:
-    """The ROCm container image the run belongs to (``GOBLIN_ROCM_IMAGE``), or ``none``."""
-    return os.environ.get("GOBLIN_ROCM_IMAGE", "none")
+    """The ROCm container image the run belongs to (tag and digest; see runners/image.py)."""
+    return read_rocm_image().version
 
 
 def cache_key(config: dict[str, Any], script: Path, tag: str | None = None, steps: int = 0,

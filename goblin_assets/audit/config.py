@@ -93,6 +93,18 @@ def read_text(path: Path, limit: int = MAX_BYTES) -> str:
     return text
 
 
+def _source_path(path: Path) -> str:
+    """The path to store: relative to the working directory when the file is
+    under it (so no home directory is stored, and the patch stage can still
+    open it), else redacted (``/home/<user>/...``)."""
+    if path.is_absolute():
+        try:
+            return path.resolve().relative_to(Path.cwd().resolve()).as_posix()
+        except ValueError:
+            pass
+    return redact(str(path))
+
+
 def _sniff(path: Path, text: str) -> str:
     fmt = F.FORMATS_BY_SUFFIX.get(path.suffix.lower())
     if fmt:
@@ -300,9 +312,13 @@ def _check(field_name: str, value: Any) -> tuple[Any, str | None]:
     if isinstance(value, bool) and field_name not in ("gradient_checkpointing",):
         return None, f"{value!r} is not a valid {field_name}"
     try:
-        return getattr(ConfigDict(**{field_name: value}), field_name), None
+        value = getattr(ConfigDict(**{field_name: value}), field_name)
     except ValidationError:
         return None, f"{value!r} is not a valid {field_name}"
+    least = F.FIELD_MINIMUMS.get(field_name)
+    if least is not None and value < least:
+        return None, f"{value!r} is below the smallest valid {field_name} ({least:g})"
+    return value, None
 
 
 def _warnings(parsed: _Parsed, tool: str, texts: list[str], cfg_values: dict[str, Any], name: str) -> list[str]:
@@ -353,8 +369,9 @@ def parse_config(path: str | Path) -> ConfigDict:
         ``inferred`` (from code patterns or hardware rules) or ``unset``
         (null, with the reason in ``detail``).  ``span`` marks the exact
         source text of a value written in the file.  ``provenance.file`` is
-        the file's name (companions live beside the entry); ``source_file``,
-        ``raw_source``, details and warnings are redacted.
+        the file's name (companions live beside the entry).  ``source_file``
+        is relative to the working directory when the file is under it, else
+        redacted; ``raw_source``, details and warnings are redacted.
 
     Raises
     ------
@@ -418,7 +435,7 @@ def parse_config(path: str | Path) -> ConfigDict:
     return ConfigDict(
         **values,
         raw_source=redact(text),
-        source_file=redact(str(path)),
+        source_file=_source_path(path),
         source_format=f"{fmt}:{tool}",
         provenance=provenance,
         warnings=_warnings(parsed, tool, texts, values, name),

@@ -297,6 +297,8 @@ CONVERTERS: dict[str, Callable[[Any, Callable[[str], Any]], Any]] = {
     "flag_eager": _flag("eager"),
     "flag_other": _attn_other,
     "dtype": lambda v, s: _lookup(F.DTYPE_NAMES, v, "precision"),
+    # a model's load dtype is a weak hint: when unknown it says nothing
+    "load_dtype": lambda v, s: SKIP if isinstance(v, Undetermined) else _lookup(F.DTYPE_NAMES, v, "precision"),
     "attn": _attn,
     "lf_attn": lambda v, s: _lookup(F.LF_FLASH_ATTN, v, "LLaMA-Factory flash_attn value"),
     "optim": _optim,

