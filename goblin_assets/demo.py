@@ -30,10 +30,12 @@ def main(argv: list[str] | None = None) -> int:
     graph = defs.resolve_asset_graph()
     assets = list(defs.assets)
     resources = defs.resources
-    unpartitioned = [k for k in graph.get_all_asset_keys() if graph.get(k).partitions_def is None]
-    partitioned = [k for k in graph.get_all_asset_keys() if graph.get(k).partitions_def is not None]
+    keys = [k for k in graph.get_all_asset_keys() if graph.get(k).is_materializable]
+    unpartitioned = [k for k in keys if graph.get(k).partitions_def is None]
+    partitioned = [k for k in keys if graph.get(k).partitions_def is not None]
     t0 = time.perf_counter()
-    with console.status("materializing unpartitioned assets"):
+    with console.status("observing rocm_image; materializing unpartitioned assets"):
+        defs.resolve_job_def("observe_rocm_image").execute_in_process(instance=instance)
         res = dg.materialize(assets, selection=unpartitioned, instance=instance, resources=resources)
     if not res.success:
         console.print("[red]unpartitioned assets failed[/red]")

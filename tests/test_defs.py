@@ -25,14 +25,14 @@ def test_every_stage_is_an_asset():
 
 @pytest.mark.parametrize("child,parents", [
     ("training_config", {"workload_source"}),
-    ("profile_run", {"workload_source"}),
+    ("profile_run", {"workload_source", "rocm_image"}),
     ("waste_budget", {"profile_run"}),
     ("tensor_sketches", {"workload_source", "profile_run"}),
     ("mined_patterns", {"tensor_sketches"}),
     ("kb_matches", {"training_config", "profile_run", "waste_budget", "mined_patterns", "kb_rules"}),
     ("patch", {"training_config", "kb_rules", "kb_matches", "profile_run", "workload_source"}),
-    ("benchmark_baseline", {"training_config", "workload_source"}),
-    ("benchmark_patched", {"patch", "workload_source"}),
+    ("benchmark_baseline", {"training_config", "workload_source", "rocm_image"}),
+    ("benchmark_patched", {"patch", "workload_source", "rocm_image"}),
     ("audit_report", {"profile_run", "benchmark_baseline", "benchmark_patched", "patch", "training_config",
                       "workload_source"}),
 ])
@@ -59,7 +59,8 @@ def test_materialize_digits_partition_in_process(tmp_path, monkeypatch):
     assets = list(defs.assets)
     assert dg.materialize(assets, selection=["kb_rules"], instance=instance, resources=resources).success
     graph = _graph()
-    partitioned = [k for k in graph.get_all_asset_keys() if graph.get(k).partitions_def is not None]
+    partitioned = [k for k in graph.get_all_asset_keys()
+                   if graph.get(k).partitions_def is not None and graph.get(k).is_materializable]
     res = dg.materialize(assets, selection=partitioned, partition_key="digits_mlp", instance=instance,
                          resources=resources)
     assert res.success

@@ -93,7 +93,9 @@ def test_benchmark_and_patched_script_are_not_replayed(workload, tmp_path):
     patched.write_text("")
     raw = r.run(workload, "profile", steps=10, script=patched)
     assert not raw.ok and "patched_train.py" in raw.failure
-    assert metrics_from_raw(raw) is None
+    failed = metrics_from_raw(raw)
+    assert not failed.ok and failed.failure == raw.failure
+    assert failed.provenance.kind == "replayed" and failed.workload == "wl" and failed.unit == "tokens"
 
 
 def test_missing_and_invalid_recordings_name_the_file(workload):

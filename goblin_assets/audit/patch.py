@@ -78,15 +78,15 @@ def _same_file(recorded: str | None, path: Path) -> bool:
     return rec.resolve() == path.resolve() if rec.is_absolute() else (path.parent / rec).resolve() == path.resolve()
 
 
-def edit_source(config: ConfigDict, changes: dict[str, Any]) -> str:
-    """The user's file with ``changes`` (field -> new value) applied.
+def edit_source(config: ConfigDict, changes: dict[str, Any], source: Path | None = None) -> str:
+    """The user's file (``source``, default ``config.source_file``) with ``changes`` applied.
 
     Raises
     ------
     PatchError
         A field has no recorded span and no known insertion for this format.
     """
-    path = Path(config.source_file)
+    path = Path(source or config.source_file)
     text = path.read_text(encoding="utf-8")
     fmt = {".py": "python", ".json": "json", ".yaml": "yaml", ".yml": "yaml"}.get(path.suffix.lower(), "text")
     # Apply span replacements from the end of the file backwards so earlier spans stay valid.
@@ -117,10 +117,12 @@ def unified_diff(original: str, patched: str, relpath: str) -> str:
 
 
 def propose_patch(config: ConfigDict, kb: KnowledgeBase, matches: list[RuleMatch], metrics: RunMetrics,
-                  cores: int, workload_root: Path | None = None, out_dir: Path | None = None) -> Patch:
+                  cores: int, workload_root: Path | None = None, out_dir: Path | None = None,
+                  source: Path | None = None) -> Patch:
     """Apply the fired rules' transforms; return the Patch with its diff and predicted uplift.
 
-    ``out_dir``: when given, a copy of the workload folder with the patched
+    ``source``: the parsed file (default ``config.source_file``, which the parser
+    may store relative or redacted).  ``out_dir``: when given, a copy of the workload folder with the patched
     file is written there (``Patch.patched_file``) so the patched run can use it
     without touching the user's folder.
 
@@ -129,6 +131,7 @@ def propose_patch(config: ConfigDict, kb: KnowledgeBase, matches: list[RuleMatch
     PatchError
         The file cannot be edited for any fired rule (nothing to benchmark).
     """
+    src = Path(source or config.source_file)
     sh = shares(metrics.waste_budget)
     fired = [kb.by_id[m.rule_id] for m in matches if m.fired and m.rule_id in kb.by_id]
     fired.sort(key=lambda r: -(r.recovery_fraction * sh.get(r.targets_bucket, 0.0)))
@@ -159,7 +162,7 @@ def propose_patch(config: ConfigDict, kb: KnowledgeBase, matches: list[RuleMatch
             dropped.append(f"{rule.id}: the config already has the values this rule sets")
             continue
         try:
-            edit_source(config, {**changes, **proposal})
+            edit_source(config, {**changes, **proposal}, src)
         except PatchError as exc:
             dropped.append(f"{rule.id}: cannot edit the file ({exc})")
             continue
@@ -174,9 +177,8 @@ def propose_patch(config: ConfigDict, kb: KnowledgeBase, matches: list[RuleMatch
                      **{f"env.{k}": {"to": v} for k, v in rule.fix.env.items()},
                      **{f"env.{k}": {"to": None} for k in rule.fix.unset_env}},
         ))
-    src = Path(config.source_file)
     original = src.read_text(encoding="utf-8")
-    patched = edit_source(config, changes) if changes else original
+    patched = edit_source(config, changes, src) if changes else original
     root = workload_root or src.parent
     rel = src.resolve().relative_to(root.resolve()).as_posix()
     diff = unified_diff(original, patched, rel)

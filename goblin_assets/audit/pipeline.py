@@ -68,7 +68,8 @@ def kb_matches(config: ConfigDict, metrics: RunMetrics, kb: KnowledgeBase) -> li
 def patch(config: ConfigDict, kb: KnowledgeBase, matches: list[RuleMatch], metrics: RunMetrics,
           workload: Workload, out_dir: Path) -> Patch:
     """Stage 6: the patch of the user's own file (and a patched copy of the workload in ``out_dir``)."""
-    return propose_patch(config, kb, matches, metrics, cores=cores(), workload_root=workload.root, out_dir=out_dir)
+    return propose_patch(config, kb, matches, metrics, cores=cores(), workload_root=workload.root, out_dir=out_dir,
+                         source=workload.config_file)
 
 
 def benchmarks(workload: Workload, runner: LocalRunner, config: ConfigDict, p: Patch, steps: int, repeats: int,

@@ -237,10 +237,17 @@ def retrieval_scores(kb: KnowledgeBase, symptom_text: str) -> dict[str, float]:
 
     Units: cosine similarity in ``[-1, 1]`` (higher is closer).
     """
+    return retrieval_scores_many(kb, [symptom_text])[0]
+
+
+def retrieval_scores_many(kb: KnowledgeBase, texts: list[str]) -> list[dict[str, float]]:
+    """:func:`retrieval_scores` for several texts, encoded in one batch.
+
+    Shapes: one dict per text, each with one score per rule.
+    """
     idx = _index_for(kb)
-    q = embed([symptom_text])[0]
-    sims = idx.vectors @ q
-    return {rid: float(s) for rid, s in zip(idx.rule_ids, sims)}
+    sims = embed(list(texts)) @ idx.vectors.T
+    return [{rid: float(s) for rid, s in zip(idx.rule_ids, row)} for row in sims]
 
 
 def query_rocm_kb(symptom: str, top_k: int = 5, kb: KnowledgeBase | None = None) -> list[tuple[Rule, float]]:

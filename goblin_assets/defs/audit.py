@@ -14,6 +14,7 @@ from goblin_assets.audit import pipeline as stages
 from goblin_assets.audit.kb import KnowledgeBase, load_kb
 from goblin_assets.audit.report import AuditReport, compare_runs, render_markdown, write_report
 from goblin_assets.contracts import BenchmarkResult, ConfigDict, Patch, RuleMatch, RunMetrics
+from goblin_assets.defs.automation import REAUDIT, rocm_image
 from goblin_assets.defs.partitions import workloads_partitions
 from goblin_assets.defs.resources import RunnerResource
 from goblin_assets.opscope.miner import mine_patterns
@@ -32,6 +33,7 @@ def table_type(table: str) -> dg.DagsterType:
         warnings.simplefilter("ignore", category=dg.BetaWarning)
         return pandera_schema_to_dagster_type(schema(table))
 _KW = dict(partitions_def=workloads_partitions, kinds={"python"})
+_AUTO = dict(automation_condition=REAUDIT)  # stages downstream of rocm_image: re-run when it changes
 
 
 def _audit_id(context: dg.AssetExecutionContext) -> str:
@@ -75,7 +77,7 @@ def training_config(context: dg.AssetExecutionContext, workload_source: Workload
     return cfg
 
 
-@dg.asset(group_name="profiling", pool=POOL, **_KW)
+@dg.asset(group_name="profiling", pool=POOL, deps=[rocm_image], **_AUTO, **_KW)
 def profile_run(context: dg.AssetExecutionContext, workload_source: Workload, runner: RunnerResource,
                 duckdb: DuckDBResource) -> RunMetrics:
     """A few steps of the workload under torch.profiler in a child process: RunMetrics and a Chrome trace."""
@@ -88,7 +90,7 @@ def profile_run(context: dg.AssetExecutionContext, workload_source: Workload, ru
     return m
 
 
-@dg.asset(group_name="profiling", pool=POOL, **_KW)
+@dg.asset(group_name="profiling", pool=POOL, **_AUTO, **_KW)
 def waste_budget(context: dg.AssetExecutionContext, profile_run: RunMetrics, duckdb: DuckDBResource) -> dict:
     """Step time split into useful, data_wait, host_gap, comm_excess, precision_path and kernel_shape."""
     run_id = f"{_audit_id(context)}-profile"
@@ -100,7 +102,7 @@ def waste_budget(context: dg.AssetExecutionContext, profile_run: RunMetrics, duc
     return {k: v.model_dump() for k, v in profile_run.waste_budget.items()}
 
 
-@dg.asset(group_name="sketches", pool=POOL, deps=[profile_run], dagster_type=table_type("sketches"), **_KW)
+@dg.asset(group_name="sketches", pool=POOL, deps=[profile_run], dagster_type=table_type("sketches"), **_AUTO, **_KW)
 def tensor_sketches(context: dg.AssetExecutionContext, workload_source: Workload, runner: RunnerResource,
                     duckdb: DuckDBResource) -> pd.DataFrame:
     """Sketches (min/max/mean/l1/sumsq/nnz) of every forward matmul's lhs, rhs and out, tapped on the device."""
@@ -111,7 +113,7 @@ def tensor_sketches(context: dg.AssetExecutionContext, workload_source: Workload
     return df
 
 
-@dg.asset(group_name="mining", pool=POOL, dagster_type=table_type("patterns"), **_KW)
+@dg.asset(group_name="mining", pool=POOL, dagster_type=table_type("patterns"), **_AUTO, **_KW)
 def mined_patterns(context: dg.AssetExecutionContext, tensor_sketches: pd.DataFrame,
                    duckdb: DuckDBResource) -> pd.DataFrame:
     """Findings per site and role: sparse GEMM candidates, stationary vs drifting tensors."""
@@ -134,7 +136,7 @@ def kb_rules(context: dg.AssetExecutionContext) -> KnowledgeBase:
     return kb
 
 
-@dg.asset(group_name="kb", pool=POOL, deps=[waste_budget, mined_patterns], **_KW)
+@dg.asset(group_name="kb", pool=POOL, deps=[waste_budget, mined_patterns], **_AUTO, **_KW)
 def kb_matches(context: dg.AssetExecutionContext, training_config: ConfigDict, profile_run: RunMetrics,
                kb_rules: KnowledgeBase, duckdb: DuckDBResource) -> list[RuleMatch]:
     """Every rule's detect conditions checked on this workload's config and measured waste budget."""
@@ -148,7 +150,7 @@ def _out_dir(context: dg.AssetExecutionContext) -> Path:
     return goblin_home() / "audits" / _audit_id(context)
 
 
-@dg.asset(group_name="patches", **_KW)
+@dg.asset(group_name="patches", **_AUTO, **_KW)
 def patch(context: dg.AssetExecutionContext, training_config: ConfigDict, kb_rules: KnowledgeBase,
           kb_matches: list[RuleMatch], profile_run: RunMetrics, workload_source: Workload) -> Patch:
     """The fired rules applied to the config and to the user's own file, as a unified diff."""
@@ -164,9 +166,11 @@ def patch(context: dg.AssetExecutionContext, training_config: ConfigDict, kb_rul
 
 @dg.multi_asset(
     group_name="benchmarks", pool=POOL, partitions_def=workloads_partitions,
-    outs={"benchmark_baseline": dg.AssetOut(), "benchmark_patched": dg.AssetOut()},
-    internal_asset_deps={"benchmark_baseline": {dg.AssetKey("training_config"), dg.AssetKey("workload_source")},
-                         "benchmark_patched": {dg.AssetKey("patch"), dg.AssetKey("workload_source")}},
+    outs={"benchmark_baseline": dg.AssetOut(**_AUTO), "benchmark_patched": dg.AssetOut(**_AUTO)},
+    deps=[rocm_image],
+    internal_asset_deps={
+        "benchmark_baseline": {dg.AssetKey("training_config"), dg.AssetKey("workload_source"), rocm_image.key},
+        "benchmark_patched": {dg.AssetKey("patch"), dg.AssetKey("workload_source"), rocm_image.key}},
 )
 def benchmarks(context: dg.AssetExecutionContext, workload_source: Workload, training_config: ConfigDict,
                patch: Patch, runner: RunnerResource, duckdb: DuckDBResource):
@@ -189,7 +193,7 @@ def benchmarks(context: dg.AssetExecutionContext, workload_source: Workload, tra
             "cache_hit": b.cache_hit})
 
 
-@dg.asset(group_name="reports", pool=POOL, **_KW)
+@dg.asset(group_name="reports", pool=POOL, **_AUTO, **_KW)
 def audit_report(context: dg.AssetExecutionContext, profile_run: RunMetrics, benchmark_baseline: BenchmarkResult,
                  benchmark_patched: tuple, patch: Patch, training_config: ConfigDict, workload_source: Workload,
                  duckdb: DuckDBResource) -> AuditReport:
@@ -211,5 +215,5 @@ def audit_report(context: dg.AssetExecutionContext, profile_run: RunMetrics, ben
     return rep
 
 
-AUDIT_ASSETS = [workload_source, training_config, profile_run, waste_budget, tensor_sketches, mined_patterns,
+AUDIT_ASSETS = [rocm_image, workload_source, training_config, profile_run, waste_budget, tensor_sketches, mined_patterns,
                 kb_rules, kb_matches, patch, benchmarks, audit_report]

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from goblin_assets.contracts import RunMetrics
+from goblin_assets.contracts import RunMetrics, RunProvenance
 from goblin_assets.errors import GoblinError
 from goblin_assets.runners.local import Mode, RawRun
 from goblin_assets.runners.workload import Workload
@@ -92,14 +92,20 @@ def replay_metrics(path: str | Path, workload: Workload | None = None) -> RunMet
 
 
 def metrics_from_raw(raw: RawRun) -> RunMetrics | None:
-    """The replayed RunMetrics carried by a replay runner's RawRun; None for any other run.
+    """The RunMetrics a replay runner's RawRun carries; None for a run of any other runner.
 
     profile_run can start with ``if (m := metrics_from_raw(raw)) is not None:
-    return m`` so that a replay never goes through the trace readers.
+    return m`` so that a replay never goes through the trace readers.  A
+    replay that failed (no recording, wrong mode) comes back as ``ok=False``
+    with the reason, labelled replayed too.
     """
     if not raw.result.get("replayed"):
         return None
-    return RunMetrics.model_validate(raw.result["metrics"])
+    if "metrics" in raw.result:
+        return RunMetrics.model_validate(raw.result["metrics"])
+    return RunMetrics(ok=False, failure=raw.failure, workload=raw.result.get("workload", ""),
+                      unit=raw.result.get("unit", "samples"),
+                      provenance=RunProvenance(kind="replayed", source=raw.result.get("recording", "")))
 
 
 def record_metrics(metrics: RunMetrics, folder: str | Path) -> Path:
@@ -165,10 +171,13 @@ class ReplayRunner:
         RawRun
             ``ok=False`` with the reason when the recording is missing or
             invalid, the mode is ``benchmark``/``sketch``, or ``script`` is a
-            patched copy (its numbers were never recorded).
+            patched copy (its numbers were never recorded); ``result`` still
+            says ``replayed`` so :func:`metrics_from_raw` labels the failure.
         """
         rec = self.recording_for(workload)
-        raw = RawRun(ok=False, run_dir=rec.parent.resolve(), mode=mode)
+        raw = RawRun(ok=False, run_dir=rec.parent.resolve(), mode=mode,
+                     result={"replayed": True, "recording": str(rec.resolve()), "workload": workload.name,
+                             "unit": workload.unit})
         if mode != "profile":
             raw.failure = (f"{rec}: the replay runner only replays profile runs; a {mode} run needs fresh "
                            f"measurements (use the local or rocprof runner)")
@@ -183,5 +192,5 @@ class ReplayRunner:
             return raw
         raw.ok = m.ok
         raw.failure = m.failure
-        raw.result = {"replayed": True, "recording": str(rec.resolve()), "metrics": m.model_dump(mode="json")}
+        raw.result["metrics"] = m.model_dump(mode="json")
         return raw

@@ -68,15 +68,15 @@ def main():
     split = int(0.9 * len(examples))
     train, test = examples[:split], examples[split:]
 
-    model_path = str(get_model_path())
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    model_name_or_path = str(get_model_path())  # packaged sentence-transformers/all-MiniLM-L6-v2
+    tokenizer = AutoTokenizer.from_pretrained(model_name_or_path)
     train_enc = tokenizer([t for t, _ in train], truncation=True, padding="max_length", max_length=MAX_LENGTH)
     test_enc = tokenizer([t for t, _ in test], truncation=True, padding="max_length", max_length=MAX_LENGTH)
     train_dataset = DocstringDataset(train_enc, [y for _, y in train])
     eval_dataset = DocstringDataset(test_enc, [y for _, y in test])
 
     model = AutoModelForSequenceClassification.from_pretrained(
-        model_path, num_labels=len(MODULES), attn_implementation="eager")
+        model_name_or_path, num_labels=len(MODULES), attn_implementation="eager")
     lora_config = LoraConfig(
         task_type=TaskType.SEQ_CLS,
         r=8,

@@ -1,0 +1,54 @@
+"""Re-audit automation: a new ROCm image version requests exactly the dependent audit assets."""
+from __future__ import annotations
+
+import dagster as dg
+
+from goblin_assets.definitions import defs
+from goblin_assets.defs.partitions import workloads_partitions
+
+DEPENDENT = {"profile_run", "waste_budget", "tensor_sketches", "mined_patterns", "kb_matches", "patch",
+             "benchmark_baseline", "benchmark_patched", "audit_report"}
+UNRELATED = {"workload_source", "training_config", "kb_rules"}
+
+
+def _observe(instance, version: str) -> None:
+    instance.report_runless_asset_event(
+        dg.AssetObservation(asset_key="rocm_image", tags={"dagster/data_version": version}))
+
+
+def _materialize_everything(instance, partition: str) -> None:
+    """Record every asset as materialized (runless events): the state after a finished audit."""
+    for key in defs.resolve_asset_graph().get_all_asset_keys():
+        name = key.to_user_string()
+        if name == "rocm_image":
+            continue
+        part = None if name == "kb_rules" else partition
+        instance.report_runless_asset_event(dg.AssetMaterialization(asset_key=key, partition=part))
+
+
+def _requested(result) -> dict[str, set]:
+    return {k.to_user_string(): set(result.get_requested_partitions(k))
+            for k in defs.resolve_asset_graph().get_all_asset_keys()
+            if result.get_num_requested(k)}
+
+
+def test_new_image_tag_requests_exactly_the_dependent_assets():
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions(workloads_partitions.name, ["digits_mlp"])
+    _observe(instance, "rocm/pytorch:6.4@sha256:aaa")
+    _materialize_everything(instance, "digits_mlp")
+    first = dg.evaluate_automation_conditions(defs=defs, instance=instance)
+    # settle: nothing changed since the audit finished
+    settled = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=first.cursor)
+    assert _requested(settled) == {}
+    # same tag observed again: still nothing
+    _observe(instance, "rocm/pytorch:6.4@sha256:aaa")
+    same = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=settled.cursor)
+    assert _requested(same) == {}
+    # new tag: every dependent asset of the partition, nothing else
+    _observe(instance, "rocm/pytorch:7.0@sha256:bbb")
+    changed = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=same.cursor)
+    req = _requested(changed)
+    assert set(req) == DEPENDENT
+    assert all(parts == {"digits_mlp"} for parts in req.values())
+    assert not (set(req) & UNRELATED)
