@@ -43,12 +43,12 @@ def _fmt(v, unit: str = "", scale: float = 1.0, digits: int = 2) -> str:
 
 def cmd_audit(args) -> int:
     from goblin_assets.audit.pipeline import run_audit
-    from goblin_assets.runners.local import LocalRunner
+    from goblin_assets.runners.base import make_runner
     from goblin_assets.runners.workload import load_workload
     from goblin_assets.warehouse.db import write
 
     wl = load_workload(args.path)
-    res = run_audit(wl, LocalRunner(timeout_s=args.timeout), steps=args.steps, bench_steps=args.bench_steps,
+    res = run_audit(wl, make_runner("local", timeout_s=args.timeout), steps=args.steps, bench_steps=args.bench_steps,
                     repeats=args.repeats, log=lambda s: console.print(f"[dim]{s}[/dim]"))
     counts = write(res.frames)
     console.print(f"[dim]warehouse: {sum(counts.values())} rows in {len(counts)} tables[/dim]")
@@ -73,16 +73,17 @@ def cmd_audit(args) -> int:
 
 def cmd_profile(args) -> int:
     from goblin_assets.audit.pipeline import profile
-    from goblin_assets.runners.local import LocalRunner
+    from goblin_assets.runners.base import make_runner
     from goblin_assets.runners.workload import load_workload
 
     wl = load_workload(args.path)
-    m = profile(wl, LocalRunner(timeout_s=args.timeout), steps=args.steps, label="profile")
+    m = profile(wl, make_runner(args.runner, timeout_s=args.timeout), steps=args.steps, label="profile")
     if args.json:
         _print_json(json.loads(m.model_dump_json()))
         return 0
     rows = [("steps", str(m.steps)), ("step_time_s (median)", _fmt(m.step_time_s, " s", digits=4)),
-            (f"{m.unit}/s", _fmt(m.throughput, digits=1)), ("mfu_pct", _fmt(m.mfu_pct, " %", digits=3)),
+            (f"{m.unit}/s", _fmt(m.throughput, digits=1)), ("padding_share", _fmt(m.padding_share, digits=3)),
+            ("mfu_pct", _fmt(m.mfu_pct, " %", digits=3)),
             ("mem_peak_gb", _fmt(m.mem_peak_gb, " GB", digits=3)), ("util_pct", _fmt(m.util_pct, " %", digits=1)),
             ("attention_kernel_loaded", str(m.attention_kernel_loaded))]
     rows += [(f"waste.{k} ({b.status})", _fmt(b.seconds, " ms", 1e3)) for k, b in m.waste_budget.items()]
@@ -138,6 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("path")
     pr.add_argument("--steps", type=int, default=10)
     pr.add_argument("--timeout", type=float, default=600.0)
+    pr.add_argument("--runner", choices=["local", "rocprof", "replay"], default="local",
+                    help="local: installed torch; rocprof: wrapped in rocprofv3 + amd-smi; replay: cached_metrics.json")
     pr.add_argument("--json", action="store_true")
     pr.set_defaults(fn=cmd_profile)
 
@@ -145,6 +148,10 @@ def build_parser() -> argparse.ArgumentParser:
     pa.add_argument("file")
     pa.add_argument("--json", action="store_true")
     pa.set_defaults(fn=cmd_parse)
+
+    from goblin_assets.cli_kb import add_kb_parser
+
+    add_kb_parser(sub)
 
     s = sub.add_parser("sql", help="run a SQL query on the warehouse")
     s.add_argument("query")

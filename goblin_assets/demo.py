@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     known = set(instance.get_dynamic_partitions(workloads_partitions.name))
     instance.add_dynamic_partitions(workloads_partitions.name, [n for n in names if n not in known])
     graph = defs.resolve_asset_graph()
-    assets = list(defs.assets)
+    assets = [*defs.assets, *defs.asset_checks]
     resources = defs.resources
     keys = [k for k in graph.get_all_asset_keys() if graph.get(k).is_materializable]
     unpartitioned = [k for k in keys if graph.get(k).partitions_def is None]

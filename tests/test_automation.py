@@ -8,7 +8,7 @@ from goblin_assets.defs.partitions import workloads_partitions
 
 DEPENDENT = {"profile_run", "waste_budget", "tensor_sketches", "mined_patterns", "kb_matches", "patch",
              "benchmark_baseline", "benchmark_patched", "audit_report"}
-UNRELATED = {"workload_source", "training_config", "kb_rules"}
+UNRELATED = {"workload_source", "training_config", "kb_rules", "kb_index"}
 
 
 def _observe(instance, version: str) -> None:
@@ -22,7 +22,7 @@ def _materialize_everything(instance, partition: str) -> None:
         name = key.to_user_string()
         if name == "rocm_image":
             continue
-        part = None if name == "kb_rules" else partition
+        part = None if name in ("kb_rules", "kb_index") else partition
         instance.report_runless_asset_event(dg.AssetMaterialization(asset_key=key, partition=part))
 
 

@@ -11,7 +11,7 @@ from goblin_assets.defs.resources import RunnerResource
 from goblin_assets.warehouse.db import query
 
 STAGES = ["workload_source", "training_config", "profile_run", "waste_budget", "tensor_sketches", "mined_patterns",
-          "kb_rules", "kb_matches", "patch", "benchmark_baseline", "benchmark_patched", "audit_report"]
+          "kb_rules", "kb_index", "kb_matches", "patch", "benchmark_baseline", "benchmark_patched", "audit_report"]
 
 
 def _graph():
@@ -29,8 +29,9 @@ def test_every_stage_is_an_asset():
     ("waste_budget", {"profile_run"}),
     ("tensor_sketches", {"workload_source", "profile_run"}),
     ("mined_patterns", {"tensor_sketches"}),
-    ("kb_matches", {"training_config", "profile_run", "waste_budget", "mined_patterns", "kb_rules"}),
-    ("patch", {"training_config", "kb_rules", "kb_matches", "profile_run", "workload_source"}),
+    ("kb_index", {"kb_rules"}),
+    ("kb_matches", {"training_config", "profile_run", "waste_budget", "mined_patterns", "kb_rules", "kb_index"}),
+    ("patch", {"training_config", "kb_rules", "kb_index", "kb_matches", "profile_run", "workload_source"}),
     ("benchmark_baseline", {"training_config", "workload_source", "rocm_image"}),
     ("benchmark_patched", {"patch", "workload_source", "rocm_image"}),
     ("audit_report", {"profile_run", "benchmark_baseline", "benchmark_patched", "patch", "training_config",
@@ -56,14 +57,16 @@ def test_materialize_digits_partition_in_process(tmp_path, monkeypatch):
     instance.add_dynamic_partitions(workloads_partitions.name, ["digits_mlp"])
     resources = {"runner": RunnerResource(profiled_steps=4, bench_steps=12, bench_repeats=2, sketch_steps=2),
                  "duckdb": DuckDBResource(database=str(db))}
-    assets = list(defs.assets)
-    assert dg.materialize(assets, selection=["kb_rules"], instance=instance, resources=resources).success
+    assets = [*defs.assets, *defs.asset_checks]
+    assert dg.materialize(assets, selection=["kb_rules", "kb_index"], instance=instance, resources=resources).success
     graph = _graph()
     partitioned = [k for k in graph.get_all_asset_keys()
                    if graph.get(k).partitions_def is not None and graph.get(k).is_materializable]
     res = dg.materialize(assets, selection=partitioned, partition_key="digits_mlp", instance=instance,
                          resources=resources)
     assert res.success
+    checks = {e.check_name: e.passed for e in res.get_asset_check_evaluations()}
+    assert checks == {"sketches_schema": True, "patterns_schema": True, "waste_budget_sums_to_step_time": True}
     meta = res.asset_materializations_for_node("audit_report")[-1].metadata
     assert "Measured speedup" in meta["report"].value and "```diff" in meta["report"].value
     assert meta["measured_speedup"].value > 1.0

@@ -5,7 +5,6 @@ import argparse
 import json
 from pathlib import Path
 
-import duckdb
 import numpy as np
 import pytest
 
@@ -172,4 +171,3 @@ def test_partial_cache_is_rebuilt(kb, tmp_path: Path, monkeypatch):
         again = retrieval.kb_index(kb, con)
         n = con.execute("SELECT count(*) FROM kb_embeddings").fetchone()[0]
     assert not again.from_cache and n == len(kb.rules)
-    assert isinstance(con, duckdb.DuckDBPyConnection)

@@ -119,6 +119,8 @@ BAD = [
     ("fix.env", {"CUDA_LAUNCH_BLOCKING": "1"}, ["fix.env", "CUDA_LAUNCH_BLOCKING"]),
     ("fix.config", {"learning_rate": 1e-4}, ["fix.config", "learning_rate"]),
     ("targets_bucket", "idle", ["targets_bucket"]),
+    ("rocm_version_min", "latest", ["rocm_version_min"]),
+    ("fix.env", {"HIP_FORCE_DEV_KERNARG": 1}, ["fix.env.HIP_FORCE_DEV_KERNARG"]),
 ]
 
 

@@ -23,7 +23,7 @@ from goblin_assets.audit.profile import failed_metrics, throughput_fields
 from goblin_assets.contracts import BenchmarkResult, RunMetrics, RunProvenance
 from goblin_assets.errors import RunFailed
 from goblin_assets.runners.image import read_rocm_image
-from goblin_assets.runners.local import LocalRunner
+from goblin_assets.runners.base import Runner
 from goblin_assets.runners.workload import Workload
 
 _RUNNERS_DIR = Path(__file__).resolve().parent.parent / "runners"
@@ -67,7 +67,7 @@ def _summarise(label: str, runs: list[RunMetrics], key: str, hit: bool) -> Bench
                            spread=max(tps) - min(tps), cache_key=key, cache_hit=hit)
 
 
-def benchmark(workload: Workload, runner: LocalRunner, arms: dict[str, dict[str, Any]], steps: int = 20,
+def benchmark(workload: Workload, runner: Runner, arms: dict[str, dict[str, Any]], steps: int = 20,
               repeats: int = 3, warmup: int = 2, use_cache: bool = True, log=print) -> dict[str, BenchmarkResult]:
     """Benchmark each arm (``label -> {"config", "script", "env", "unset_env"}``) ``repeats`` times, alternating.
 

@@ -111,7 +111,10 @@ def load_kb(path: str | Path | None = None) -> KnowledgeBase:
     KBError
         Unreadable YAML, a rule failing the Rule schema (message names the
         rule id and the field), a duplicate id, a condition that does not
-        parse, or a rule that *sets* a profiler/debug variable (kb_facts G01/G02).
+        parse or names a field no context has, a ``targets_bucket`` that is not
+        a waste bucket, a version bound that is not a version, a fix that
+        assigns an unknown ConfigDict field, or a rule that *sets* a
+        profiler/debug variable (kb_facts G01/G02).
     """
     p = Path(path) if path else DEFAULT_KB
     try:
@@ -138,6 +141,10 @@ def load_kb(path: str | Path | None = None) -> KnowledgeBase:
         if rule.targets_bucket not in WASTE_BUCKETS:
             raise KBError(f"{p}: rule {rule.id}: field 'targets_bucket': {rule.targets_bucket!r} is not a "
                           f"waste bucket ({', '.join(WASTE_BUCKETS)})")
+        for bound in ("torch_version_min", "rocm_version_min"):
+            v = getattr(rule, bound)
+            if v is not None and version_tuple(v) is None:
+                raise KBError(f"{p}: rule {rule.id}: field '{bound}': {v!r} is not a version")
         for cond in rule.detect:
             problem = _check_condition_paths(cond)
             if problem:

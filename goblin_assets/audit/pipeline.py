@@ -22,12 +22,13 @@ from goblin_assets.audit.config import parse_config
 from goblin_assets.audit.kb import KnowledgeBase, detect_context, load_kb, match_rules
 from goblin_assets.audit.patch import propose_patch
 from goblin_assets.audit.profile import profile_run
+from goblin_assets.audit.retrieval import retrieval_scores, run_symptoms
 from goblin_assets.audit.report import AuditReport, compare_runs, render_markdown, write_report
 from goblin_assets.contracts import BenchmarkResult, ConfigDict, Patch, RuleMatch, RunMetrics
 from goblin_assets.errors import RunFailed
 from goblin_assets.opscope.miner import mine_patterns
 from goblin_assets.opscope.record import record_workload
-from goblin_assets.runners.local import LocalRunner
+from goblin_assets.runners.base import Runner, make_runner
 from goblin_assets.runners.workload import Workload
 from goblin_assets.warehouse import frames as F
 
@@ -47,7 +48,7 @@ def training_config(workload: Workload) -> ConfigDict:
     return parse_config(workload.config_file)
 
 
-def profile(workload: Workload, runner: LocalRunner, steps: int, p: Patch | None = None, label: str = "") -> RunMetrics:
+def profile(workload: Workload, runner: Runner, steps: int, p: Patch | None = None, label: str = "") -> RunMetrics:
     """Stage 2: a profiled run of the workload (or of its patched copy ``p``).
 
     Raises RunFailed (naming the script and the reason) when the run fails.
@@ -61,8 +62,17 @@ def profile(workload: Workload, runner: LocalRunner, steps: int, p: Patch | None
 
 
 def kb_matches(config: ConfigDict, metrics: RunMetrics, kb: KnowledgeBase) -> list[RuleMatch]:
-    """Stage 5: check every KB rule's detect conditions on this config and run."""
-    return match_rules(kb, detect_context(config, metrics, cores=cores()))
+    """Stage 5: retrieval proposes, detection confirms.
+
+    Every rule's ``detect`` conditions are checked on this config and run; each
+    match also records the cosine similarity of the rule to a symptom sentence
+    built from the run's measured waste (all-MiniLM-L6-v2, see retrieval.py).
+    """
+    matches = match_rules(kb, detect_context(config, metrics, cores=cores()))
+    scores = retrieval_scores(kb, run_symptoms(config, metrics))
+    for m in matches:
+        m.retrieval_score = scores.get(m.rule_id)
+    return matches
 
 
 def patch(config: ConfigDict, kb: KnowledgeBase, matches: list[RuleMatch], metrics: RunMetrics,
@@ -72,7 +82,7 @@ def patch(config: ConfigDict, kb: KnowledgeBase, matches: list[RuleMatch], metri
                          source=workload.config_file)
 
 
-def benchmarks(workload: Workload, runner: LocalRunner, config: ConfigDict, p: Patch, steps: int, repeats: int,
+def benchmarks(workload: Workload, runner: Runner, config: ConfigDict, p: Patch, steps: int, repeats: int,
                log: Log = print) -> dict[str, BenchmarkResult]:
     """Stage 7: baseline vs patched, alternating repeats (cached)."""
     arms = {
@@ -140,7 +150,7 @@ def audit_frames(audit_id: str, wl: Workload, before: RunMetrics, after: RunMetr
     }
 
 
-def run_audit(workload: Workload, runner: LocalRunner | None = None, steps: int = 10, bench_steps: int = 20,
+def run_audit(workload: Workload, runner: Runner | None = None, steps: int = 10, bench_steps: int = 20,
               repeats: int = 3, sketch_steps: int = 3, kb: KnowledgeBase | None = None,
               log: Log = print) -> AuditResult:
     """Run every audit stage on ``workload`` (no Dagster); nothing is written to the warehouse.
@@ -150,7 +160,7 @@ def run_audit(workload: Workload, runner: LocalRunner | None = None, steps: int 
     RunFailed, ConfigParseError, KBError, PatchError
         A stage failed; the message names the file and the reason.
     """
-    runner = runner or LocalRunner()
+    runner = runner or make_runner("local")
     kb = kb or load_kb()
     audit_id = uuid.uuid4().hex[:12]
     out_dir = goblin_home() / "audits" / f"{workload.name}-{audit_id}"

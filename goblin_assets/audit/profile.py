@@ -8,8 +8,10 @@ from pathlib import Path
 
 from goblin_assets.audit.waste import waste_budget
 from goblin_assets.contracts import KernelShare, RunMetrics, RunProvenance
-from goblin_assets.runners.local import LocalRunner, RawRun
+from goblin_assets.runners.base import Runner
+from goblin_assets.runners.local import RawRun
 from goblin_assets.runners.peaks import lookup_gpu_peak, measure_cpu_peak_tflops
+from goblin_assets.runners.replay import metrics_from_raw
 from goblin_assets.runners.trace import read_trace
 from goblin_assets.runners.workload import Workload
 
@@ -65,7 +67,7 @@ def throughput_fields(raw: RawRun, workload: Workload) -> dict:
     return out
 
 
-def profile_run(workload: Workload, runner: LocalRunner, steps: int = 10, warmup: int = 2,
+def profile_run(workload: Workload, runner: Runner, steps: int = 10, warmup: int = 2,
                 script: Path | None = None, env: dict[str, str] | None = None, unset_env: list[str] | None = None,
                 label: str = "") -> RunMetrics:
     """Run ``workload`` for ``warmup`` + ``steps`` optimizer steps, profiling the last ``steps``.
@@ -83,6 +85,9 @@ def profile_run(workload: Workload, runner: LocalRunner, steps: int = 10, warmup
     """
     raw = runner.run(workload, "profile", steps=steps, warmup=warmup, script=script, env=env, unset_env=unset_env,
                      label=label)
+    replayed = metrics_from_raw(raw)
+    if replayed is not None:  # the replay runner: a recording, never re-labelled as measured
+        return replayed
     if not raw.ok:
         return failed_metrics(raw, workload)
     r = raw.result
@@ -140,4 +145,32 @@ def profile_run(workload: Workload, runner: LocalRunner, steps: int = 10, warmup
         m.not_observable["throughput"] = f"no batches counted from field {workload.batch_field!r}"
     if workload.unit == "samples":
         m.not_observable["tokens_per_sec"] = "workload counts samples, not tokens"
+        m.not_observable["padding_share"] = "workload counts samples, not tokens"
+    if "rocprof" in r:
+        merge_rocprof(m, r["rocprof"])
     return m
+
+
+def merge_rocprof(m: RunMetrics, rp: dict) -> None:
+    """Fold a rocprofv3 + amd-smi summary (``runners.rocprof.summarize_rocprof``) into ``m``.
+
+    Kernel-level figures from rocprofv3 replace the torch.profiler ones: device
+    utilisation, top-5 kernels, whether an attention kernel ran; amd-smi VRAM
+    fills the memory average and headroom (GB).
+    """
+    if rp.get("error"):
+        m.warnings.append(f"rocprofv3: {rp['error']}")
+        return
+    m.provenance.profiler = "torch.profiler + rocprofv3"
+    if rp.get("util_pct") is not None:
+        m.util_pct = rp["util_pct"]
+    if rp.get("top_kernels"):
+        m.top_kernels = [KernelShare(**k) for k in rp["top_kernels"][:5]]
+    m.attention_kernel_loaded = bool(m.attention_kernel_loaded or rp.get("attention_kernel_loaded"))
+    smi = rp.get("amd_smi") or {}
+    if smi.get("vram_used_gb_avg") is not None:
+        m.mem_avg_gb = smi["vram_used_gb_avg"]
+        m.not_observable.pop("mem_avg_gb", None)
+    if smi.get("vram_total_gb") and smi.get("vram_used_gb_peak") is not None:
+        m.memory_headroom_gb = smi["vram_total_gb"] - smi["vram_used_gb_peak"]
+    m.warnings += [f"rocprofv3 ({rp.get('window', '?')}): {w}" for w in rp.get("warnings", [])]

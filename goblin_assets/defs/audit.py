@@ -11,6 +11,7 @@ from dagster_pandera import pandera_schema_to_dagster_type
 
 from goblin_assets import REPO_ROOT, goblin_home
 from goblin_assets.audit import pipeline as stages
+from goblin_assets.audit import retrieval
 from goblin_assets.audit.kb import KnowledgeBase, load_kb
 from goblin_assets.audit.report import AuditReport, compare_runs, render_markdown, write_report
 from goblin_assets.contracts import BenchmarkResult, ConfigDict, Patch, RuleMatch, RunMetrics
@@ -136,13 +137,28 @@ def kb_rules(context: dg.AssetExecutionContext) -> KnowledgeBase:
     return kb
 
 
-@dg.asset(group_name="kb", pool=POOL, deps=[waste_budget, mined_patterns], **_AUTO, **_KW)
+@dg.asset(group_name="kb", code_version="kb-index-v1", pool=POOL, kinds={"duckdb"})
+def kb_index(context: dg.AssetExecutionContext, kb_rules: KnowledgeBase, duckdb: DuckDBResource) -> dict:
+    """Embeddings of every rule's symptom and fix (packaged all-MiniLM-L6-v2), cached per KB content hash."""
+    with duckdb.get_connection() as con:
+        ensure_tables(con)
+        idx = retrieval.kb_index(kb_rules, con)
+    context.add_output_metadata({"rules": len(idx.rule_ids), "kb_sha256": kb_rules.sha256,
+                                 "from_cache": idx.from_cache, "dim": int(idx.vectors.shape[1])})
+    return {"kb_sha256": kb_rules.sha256, "rules": len(idx.rule_ids)}
+
+
+@dg.asset(group_name="kb", pool=POOL, deps=[waste_budget, mined_patterns, kb_index], **_AUTO, **_KW)
 def kb_matches(context: dg.AssetExecutionContext, training_config: ConfigDict, profile_run: RunMetrics,
                kb_rules: KnowledgeBase, duckdb: DuckDBResource) -> list[RuleMatch]:
     """Every rule's detect conditions checked on this workload's config and measured waste budget."""
     matches = stages.kb_matches(training_config, profile_run, kb_rules)
     meta = _write(duckdb, {"kb_matches": F.kb_frame(matches, _audit_id(context), context.partition_key)})
-    context.add_output_metadata({**meta, "fired": dg.MetadataValue.json([m.rule_id for m in matches if m.fired])})
+    top = sorted((m for m in matches if m.retrieval_score is not None), key=lambda m: -m.retrieval_score)[:5]
+    context.add_output_metadata({**meta, "fired": dg.MetadataValue.json([m.rule_id for m in matches if m.fired]),
+                                 "retrieval_top5": dg.MetadataValue.md("| rule | retrieval | detect | fired |\n|---|---|---|---|\n" + "\n".join(
+                                     f"| {m.rule_id} | {m.retrieval_score:.3f} | {m.detect_score:.2f} | {m.fired} |"
+                                     for m in top))})
     return matches
 
 
@@ -216,4 +232,4 @@ def audit_report(context: dg.AssetExecutionContext, profile_run: RunMetrics, ben
 
 
 AUDIT_ASSETS = [rocm_image, workload_source, training_config, profile_run, waste_budget, tensor_sketches, mined_patterns,
-                kb_rules, kb_matches, patch, benchmarks, audit_report]
+                kb_rules, kb_index, kb_matches, patch, benchmarks, audit_report]

@@ -6,13 +6,15 @@ import dagster as dg
 from dagster_duckdb import DuckDBResource
 
 from goblin_assets import warehouse_path
-from goblin_assets.runners.local import LocalRunner
+from goblin_assets.runners.base import Runner, make_runner
 
 
 class RunnerResource(dg.ConfigurableResource):
     """Where and how workloads run.
 
-    ``kind``: ``local`` (the installed torch on cpu/cuda/ROCm).  ``device``:
+    ``kind``: ``local`` (the installed torch on cpu/cuda/ROCm), ``rocprof`` (the
+    same run wrapped in rocprofv3 with amd-smi polling) or ``replay`` (a recorded
+    ``cached_metrics.json``, labelled replayed).  ``device``:
     ``auto``, ``cpu`` or ``cuda`` (ROCm builds use the cuda API).  ``image_tag``:
     the ROCm container image the run belongs to.  Steps and limits apply to every
     child run: ``warmup_steps`` (default 2), ``profiled_steps`` (default 10),
@@ -20,7 +22,7 @@ class RunnerResource(dg.ConfigurableResource):
     ``mem_cap_gb`` (address-space cap, GB).
     """
 
-    kind: Literal["local"] = "local"
+    kind: Literal["local", "rocprof", "replay"] = "local"
     device: str = "auto"
     image_tag: str = "none"
     warmup_steps: int = 2
@@ -31,8 +33,8 @@ class RunnerResource(dg.ConfigurableResource):
     timeout_s: float = 600.0
     mem_cap_gb: float = 16.0
 
-    def get_runner(self) -> LocalRunner:
-        return LocalRunner(device=self.device, timeout_s=self.timeout_s, mem_cap_gb=self.mem_cap_gb)
+    def get_runner(self) -> Runner:
+        return make_runner(self.kind, device=self.device, timeout_s=self.timeout_s, mem_cap_gb=self.mem_cap_gb)
 
 
 def warehouse_resource() -> DuckDBResource:

@@ -7,7 +7,7 @@ import uuid
 import pandas as pd
 
 from goblin_assets.errors import RunFailed
-from goblin_assets.runners.local import LocalRunner
+from goblin_assets.runners.base import Runner
 from goblin_assets.runners.workload import Workload
 
 #: Column order of the tidy ``sketches`` table (DESIGN.md "Sketch rows").
@@ -15,7 +15,7 @@ SKETCH_COLUMNS = ["run_id", "workload", "model", "step", "backend", "dist", "M",
                   "site", "role", "stat", "idx", "value"]
 
 
-def record_workload(workload: Workload, runner: LocalRunner, steps: int = 3, warmup: int = 1,
+def record_workload(workload: Workload, runner: Runner, steps: int = 3, warmup: int = 1,
                     run_id: str | None = None) -> pd.DataFrame:
     """Tap every forward matmul of ``workload`` for ``steps`` optimizer steps.
 

@@ -6,13 +6,10 @@ Sources: ``shared/profiling_facts.md`` section 6.
 """
 from __future__ import annotations
 
-import json
-import os
-import platform
+import functools
 import time
 from dataclasses import dataclass
 
-from goblin_assets import goblin_home
 
 
 @dataclass(frozen=True)
@@ -50,24 +47,18 @@ def lookup_gpu_peak(device_name: str | None) -> DevicePeak | None:
     return None
 
 
+@functools.lru_cache(maxsize=8)
 def measure_cpu_peak_tflops(n: int = 1024, seconds: float = 0.6, threads: int | None = None) -> float:
-    """Measured fp32 GEMM throughput of this CPU (TFLOP/s), cached per host and thread count.
+    """Measured fp32 GEMM throughput of this CPU (TFLOP/s), once per process and thread count.
 
     Times ``torch.mm`` of two ``n x n`` fp32 matrices (2·n³ FLOPs each) for about
-    ``seconds`` and keeps the best repeat.  Source: measured (no table exists
-    for arbitrary CPUs).
+    ``seconds`` and keeps the best repeat.  Not cached across processes: a peak
+    measured while the machine was busy would make every later MFU too high.
+    Source: measured (no table exists for arbitrary CPUs).
     """
     import torch
 
     nthreads = threads or torch.get_num_threads()
-    key = f"{platform.node()}|{platform.processor()}|{torch.__version__}|{nthreads}|{n}"
-    cache = goblin_home() / "cpu_peak.json"
-    try:
-        known = json.loads(cache.read_text())
-    except (OSError, ValueError):
-        known = {}
-    if key in known:
-        return float(known[key])
     old = torch.get_num_threads()
     torch.set_num_threads(nthreads)
     try:
@@ -80,9 +71,74 @@ def measure_cpu_peak_tflops(n: int = 1024, seconds: float = 0.6, threads: int | 
             best = min(best, time.perf_counter() - t0)
     finally:
         torch.set_num_threads(old)
-    tflops = 2 * n**3 / best / 1e12
-    known[key] = tflops
+    return 2 * n**3 / best / 1e12
+
+
+def _cached_probe(key: str, measure) -> float:
+    """Return the cached value of ``key`` in ``$GOBLIN_HOME/cpu_peak.json`` or measure and store it."""
+    cache = goblin_home() / "cpu_peak.json"
+    try:
+        known = json.loads(cache.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if key in known:
+        return float(known[key])
+    value = float(measure())
+    known[key] = value
     tmp = cache.with_suffix(f".tmp{os.getpid()}")
     tmp.write_text(json.dumps(known))
     tmp.replace(cache)
-    return tflops
+    return value
+
+
+def measure_cpu_mem_bandwidth_tb_s(mib: int = 256, seconds: float = 0.5, threads: int | None = None) -> float:
+    """Measured memory bandwidth of this CPU (TB/s), the memory roof of the CPU roofline.
+
+    Times ``dst.copy_(src)`` of two ``mib`` MiB fp32 buffers (much larger than
+    any cache) for about ``seconds`` and keeps the best repeat; bytes moved per
+    copy are ``2 * mib`` MiB (one read, one write).  Cached per host and thread
+    count next to :func:`measure_cpu_peak_tflops`.
+
+    Units
+    -----
+    TB/s (1e12 bytes per second), the unit of :attr:`DevicePeak.hbm_tb_s`.
+
+    Source
+    ------
+    measured (a STREAM-copy-like probe; no table exists for arbitrary CPUs).
+    """
+    import torch
+
+    nthreads = threads or torch.get_num_threads()
+    key = f"membw|{platform.node()}|{platform.processor()}|{torch.__version__}|{nthreads}|{mib}"
+
+    def _measure() -> float:
+        old = torch.get_num_threads()
+        torch.set_num_threads(nthreads)
+        try:
+            n = mib * 2**20 // 4
+            src, dst = torch.ones(n), torch.empty(n)
+            dst.copy_(src)
+            best, t_end = float("inf"), time.perf_counter() + seconds
+            while time.perf_counter() < t_end:
+                t0 = time.perf_counter()
+                dst.copy_(src)
+                best = min(best, time.perf_counter() - t0)
+        finally:
+            torch.set_num_threads(old)
+        return 2 * mib * 2**20 / best / 1e12
+
+    return _cached_probe(key, _measure)
+
+
+def cpu_peak(threads: int | None = None) -> DevicePeak:
+    """This machine's CPU as a :class:`DevicePeak`: measured fp32 GEMM peak and memory bandwidth.
+
+    The bf16 field repeats the fp32 figure (CPU GEMMs here run fp32); ``hbm_gb``
+    is the host's physical memory.  Source: measured.
+    """
+    import psutil
+
+    tflops = measure_cpu_peak_tflops(threads=threads)
+    return DevicePeak("CPU", tflops, tflops, measure_cpu_mem_bandwidth_tb_s(threads=threads),
+                      psutil.virtual_memory().total / 1e9, "measured on this machine (GEMM and copy probes)")

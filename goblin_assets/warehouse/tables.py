@@ -106,3 +106,42 @@ def ddl(table: str) -> str:
 
 def columns(table: str) -> list[str]:
     return [c for c, _, _ in TABLES[table]]
+
+
+# --- opscope mining outputs (issue 7); findings themselves go to ``patterns`` ---
+TABLES.update({
+    "probes": [
+        ("run_id", "VARCHAR", False), ("tensor", "VARCHAR", False), ("shape", "VARCHAR", False),
+        ("dtype", "VARCHAR", False), ("probe", "VARCHAR", False), ("metric", "VARCHAR", False),
+        ("value", "DOUBLE", False),
+    ],
+    "roofline": [
+        ("run_id", "VARCHAR", False), ("source", "VARCHAR", False), ("op", "VARCHAR", False),
+        ("batch", "BIGINT", False), ("M", "BIGINT", False), ("K", "BIGINT", False), ("N", "BIGINT", False),
+        ("dtype", "VARCHAR", False), ("count", "BIGINT", False), ("flops", "DOUBLE", False),
+        ("bytes", "DOUBLE", False), ("intensity_flop_per_byte", "DOUBLE", False), ("dur_us", "DOUBLE", True),
+        ("achieved_tflops", "DOUBLE", True), ("device", "VARCHAR", False),
+        ("ridge_flop_per_byte", "DOUBLE", False), ("bound", "VARCHAR", False), ("peak_source", "VARCHAR", False),
+    ],
+    "plan": [
+        ("run_id", "VARCHAR", False), ("workload", "VARCHAR", False), ("site", "VARCHAR", False),
+        ("role", "VARCHAR", False), ("finding", "VARCHAR", False), ("exploit", "VARCHAR", False),
+        ("guard", "VARCHAR", False), ("guard_stat", "VARCHAR", False), ("guard_mean", "DOUBLE", True),
+        ("guard_sigma", "DOUBLE", True), ("guard_stable", "BOOLEAN", True), ("est_speedup", "DOUBLE", True),
+        ("measured_speedup", "DOUBLE", True), ("dense_median_s", "DOUBLE", True),
+        ("special_median_s", "DOUBLE", True), ("repeats", "BIGINT", False), ("M", "BIGINT", False),
+        ("K", "BIGINT", False), ("N", "BIGINT", False), ("device", "VARCHAR", False),
+        ("provenance", "VARCHAR", False), ("evidence_json", "VARCHAR", False),
+    ],
+    "online_sketches": [
+        ("run_id", "VARCHAR", False), ("name", "VARCHAR", False), ("kind", "VARCHAR", False),
+        ("seed", "BIGINT", False), ("n", "BIGINT", False), ("k", "BIGINT", False),
+        ("blob_b64", "VARCHAR", False), ("summary_json", "VARCHAR", False),
+    ],
+})
+_CHECKS.update({
+    ("roofline", "bound"): [pa.Check.isin(["compute", "memory"])],
+    ("plan", "provenance"): [pa.Check.isin(["measured", "estimated"])],
+    ("plan", "measured_speedup"): [pa.Check.gt(0)],
+    ("online_sketches", "kind"): [pa.Check.isin(["kll", "hll", "varopt"])],
+})
