@@ -21,6 +21,16 @@ from goblin_assets.defs.partitions import workload_names, workloads_partitions
 from goblin_assets.warehouse.db import query
 
 
+def _ancestors(graph, key) -> set:
+    seen, todo = set(), list(graph.get(key).parent_keys)
+    while todo:
+        k = todo.pop()
+        if k not in seen:
+            seen.add(k)
+            todo.extend(graph.get(k).parent_keys)
+    return seen
+
+
 def main(argv: list[str] | None = None) -> int:
     console = Console()
     names = (argv or sys.argv[1:]) or workload_names()
@@ -31,12 +41,14 @@ def main(argv: list[str] | None = None) -> int:
     assets = [*defs.assets, *defs.asset_checks]
     resources = defs.resources
     keys = [k for k in graph.get_all_asset_keys() if graph.get(k).is_materializable]
-    unpartitioned = [k for k in keys if graph.get(k).partitions_def is None]
     partitioned = [k for k in keys if graph.get(k).partitions_def is not None]
+    # unpartitioned assets downstream of the audits (the SQL models) go last
+    after = {k for k in keys if graph.get(k).partitions_def is None and _ancestors(graph, k) & set(partitioned)}
+    before = [k for k in keys if graph.get(k).partitions_def is None and k not in after]
     t0 = time.perf_counter()
-    with console.status("observing rocm_image; materializing unpartitioned assets"):
+    with console.status("observing rocm_image; materializing the knowledge base"):
         defs.resolve_job_def("observe_rocm_image").execute_in_process(instance=instance)
-        res = dg.materialize(assets, selection=unpartitioned, instance=instance, resources=resources)
+        res = dg.materialize(assets, selection=before, instance=instance, resources=resources)
     if not res.success:
         console.print("[red]unpartitioned assets failed[/red]")
         return 1
@@ -52,6 +64,11 @@ def main(argv: list[str] | None = None) -> int:
         path = mats[-1].metadata["report_path"].value if mats else None
         speed = mats[-1].metadata["measured_speedup"].value if mats else None
         reports.append((name, path, speed))
+    if after:
+        with console.status("building the SQL models"):
+            if not dg.materialize(assets, selection=list(after), instance=instance, resources=resources).success:
+                console.print("[red]SQL models failed[/red]")
+                return 1
     console.print(f"\ndone in {time.perf_counter() - t0:.0f} s")
     for name, path, speed in reports:
         console.print(f"report for {name}: {path}  (measured speedup {speed:.2f}x)")

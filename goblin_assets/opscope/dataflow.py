@@ -375,8 +375,9 @@ def flow(g: OpGraph, max_depth: int = 32, seed_depths: Sequence[int] = (1, 2, 3,
     Ranking: score ``count x (size + 1)`` (the +1 favours the repeated unit
     over a concatenation of units), ties broken by size and then by the later
     root.  A class whose nodes lie inside a higher-ranked top-level class is
-    reported as ``within`` it only when it matches a named template (one per
-    parent and name); a class overlapping a higher-ranked one by half or more
+    reported as ``within`` it (every instance inside one instance of the
+    parent) only when it matches a named template (one per parent and name);
+    a class overlapping a higher-ranked one by half or more
     of its nodes is a shifted copy and dropped.
 
     Returns
@@ -415,7 +416,8 @@ def flow(g: OpGraph, max_depth: int = 32, seed_depths: Sequence[int] = (1, 2, 3,
                 continue
             kinds = [g.nodes[t[0]].kind for t in tuples]
             classes[key] = {"roots": list(roots), "count": len(roots), "size": len(tuples), "depth": b,
-                            "kinds": kinds, "nodes": key, "score": len(roots) * (len(tuples) + 1),
+                            "kinds": kinds, "nodes": key, "instances": instances,
+                            "score": len(roots) * (len(tuples) + 1),
                             "last_root": max(order[r] for r in roots)}
     ranked = sorted(classes.values(), key=lambda c: (-c["score"], -c["size"], -c["last_root"]))
     top_level: list[dict] = []
@@ -423,9 +425,11 @@ def flow(g: OpGraph, max_depth: int = 32, seed_depths: Sequence[int] = (1, 2, 3,
     rows = []
     for c in ranked:
         names = fusion_name(c["kinds"])
-        parent = next((i for i, t in enumerate(top_level) if c["nodes"] <= t["nodes"]), None)
+        parent = next((i for i, t in enumerate(top_level)
+                       if all(any(inst <= p for p in t["instances"]) for inst in c["instances"])), None)
         if parent is not None:
-            if names[0] == "repeated_subgraph" or (parent, names[0]) in named_within:
+            same_cone = all(inst in top_level[parent]["instances"] for inst in c["instances"])
+            if same_cone or names[0] == "repeated_subgraph" or (parent, names[0]) in named_within:
                 continue
             named_within.add((parent, names[0]))
         elif any(len(c["nodes"] & t["nodes"]) * 2 >= len(c["nodes"]) for t in top_level):

@@ -1,10 +1,33 @@
 """mine_patterns: turn tidy sketch rows into findings (first matching rule wins).
 
-Thresholds from the original recording harness (issue 7): density
-``nnz/numel < 0.5`` -> sparse GEMM (score ``1 - density``); otherwise dense, and
-low rank is not observable from these sketches (a host probe is needed).
-Cross-step: coefficient of variation of ``l1`` across steps ``< 1e-4`` ->
-stationary (prepack/precompute), else drifting.
+Per (run, workload, dist, site, role), each statistic averaged over steps, the
+rules of the original recording harness (issue 7) are tried in order and the
+first that matches is the site's finding:
+
+=====  =============================================  ==============  ====================================
+order  rule                                           finding         score
+=====  =============================================  ==============  ====================================
+1      density nnz/numel < 0.5                        sparse_gemm     1 − density
+2      outlier ratio max/mean of chan_maxabs > 6      int_quant       1 − 6/ratio
+3      histogram top-bin share > 0.25                 quantize_lut    top-bin share
+4      mean(adj_sumsq)/mean(pos_sumsq) < 0.5          delta_compute   1 − ratio
+5      CV of pos_sumsq across positions > 0.75        positional      cv / (1 + cv)
+6      otherwise                                      dense_not_observable  0
+=====  =============================================  ==============  ====================================
+
+A rule whose statistic was not recorded is skipped, and the evidence of the
+finding says which rules were skipped and why, so that a ``dense_not_observable``
+from scalar-only sketches is never mistaken for a measured "nothing to exploit".
+LLM.int8()-style absolute outliers (|x| >= 6: how many channels, and the share
+of positions when a per-position max is recorded) are reported in the
+evidence whenever ``chan_maxabs`` exists.
+
+Cross-step section: the coefficient of variation of ``l1`` across steps
+``< 1e-4`` -> ``stationary`` (prepack/precompute: weights), else ``drifting``
+(temporal coherence: activations).  Needs at least two steps.
+
+Softmax (``probs``) and routing (``route``) rows are not mined here; see
+:mod:`goblin_assets.opscope.infer`.
 """
 from __future__ import annotations
 
@@ -15,39 +38,181 @@ import pandas as pd
 
 from goblin_assets.warehouse.tables import columns
 
-SPARSE_DENSITY = 0.5      # nnz/numel below this: zero-skipping / sparse GEMM pays (harness threshold)
-STATIONARY_CV = 1e-4      # CV of l1 across steps below this: the tensor does not change (harness threshold)
+#: nnz/numel below this: zero-skipping / sparse GEMM pays.  Source: harness threshold (issue 7);
+#: vendor sparse GEMMs (cuSPARSE, hipSPARSE) need well over 50% zeros to beat dense GEMM.
+SPARSE_DENSITY = 0.5
+#: max/mean of per-channel absmax above this: per-channel int quantisation.  Source: harness threshold
+#: (issue 7); the same magnitude as LLM.int8()'s outlier threshold (Dettmers et al. 2022, sec. 3.2).
+OUTLIER_RATIO = 6.0
+#: |x| at or above this is an LLM.int8() outlier feature.  Source: Dettmers et al., "LLM.int8()", NeurIPS 2022, sec. 4.
+INT8_ABS_OUTLIER = 6.0
+#: top-bin share of the 32-bin histogram above this: few distinct levels, quantise / LUT.  Source: harness (issue 7).
+TOP_BIN_SHARE = 0.25
+#: adjacent-row energy ratio below this: rows change little, delta compute.  Source: harness (issue 7).
+ADJ_RATIO = 0.5
+#: CV of per-position energy above this: sequence/positional structure.  Source: harness (issue 7).
+POS_CV = 0.75
+#: CV of l1 across steps below this: the tensor does not change.  Source: harness (issue 7).
+STATIONARY_CV = 1e-4
+
+SCALARS = ("min", "max", "mean", "l1", "sumsq", "nnz", "kurtosis", "chan_outlier")
+_LOW_RANK_NOTE = "low rank is not observable from these sketches; a host probe is needed (goblin opscope probe)"
+
+
+def _vec(g: pd.DataFrame, stat: str) -> dict[int, np.ndarray]:
+    """Per step, the vector of ``stat`` ordered by idx (empty dict when not recorded)."""
+    s = g[g["stat"] == stat]
+    return {int(step): gs.sort_values("idx")["value"].to_numpy(dtype=float) for step, gs in s.groupby("step")}
+
+
+def _scal(g: pd.DataFrame, stat: str) -> pd.Series:
+    """Per step, the scalar ``stat`` (idx 0)."""
+    s = g[(g["stat"] == stat) & (g["idx"] == 0)]
+    return s.groupby("step")["value"].first()
+
+
+def site_stats(g: pd.DataFrame) -> tuple[dict, list[str]]:
+    """The numbers the rules read, for one (site, role) group of rows; and the rules that cannot run.
+
+    Returns
+    -------
+    (dict, list)
+        ``density``, ``outlier_ratio``, ``top_bin_share``, ``adj_ratio``,
+        ``pos_cv`` (each averaged over steps; absent keys were not computable),
+        plus ``absmax``, ``mean``, ``kurtosis``, ``steps`` and the LLM.int8()
+        outlier counts; and the list of skipped rules with the reason.
+    """
+    ev: dict = {"steps": int(g["step"].nunique())}
+    skipped: list[str] = []
+    nnz = _scal(g, "nnz")
+    numel = g[(g["stat"] == "nnz") & (g["idx"] == 0)].groupby("step")["numel"].first()
+    if len(nnz) and (numel > 0).all():
+        ev["density"] = float((nnz / numel).mean())
+    else:
+        skipped.append("sparse_gemm: nnz not recorded")
+    mn, mx = _scal(g, "min"), _scal(g, "max")
+    if len(mn) and len(mx):
+        ev["absmax"] = float(np.maximum(mx.abs(), mn.abs()).max())
+    for stat in ("mean", "kurtosis"):
+        s = _scal(g, stat)
+        if len(s):
+            ev[stat] = float(s.mean())
+
+    cmax = _vec(g, "chan_maxabs")
+    co = _scal(g, "chan_outlier")
+    if len(co):
+        ev["outlier_ratio"] = float(co.mean())
+    elif cmax:
+        ev["outlier_ratio"] = float(np.mean([v.max() / max(v.mean(), 1e-30) for v in cmax.values()]))
+    else:
+        skipped.append("int_quant: neither chan_outlier nor chan_maxabs recorded")
+    if cmax:
+        ch = np.max(np.stack([v for v in cmax.values() if len(v) == len(next(iter(cmax.values())))]), axis=0)
+        n_out = int((ch >= INT8_ABS_OUTLIER).sum())
+        ev.update({"int8_outlier_channels": n_out, "int8_outlier_channel_share": n_out / max(len(ch), 1)})
+        pmax = _vec(g, "pos_maxabs")
+        if pmax:
+            ev["int8_outlier_position_share"] = float(np.mean([(v >= INT8_ABS_OUTLIER).mean() for v in pmax.values()]))
+        else:
+            ev["int8_outlier_position_share"] = None
+            ev["int8_position_note"] = "share of positions needs a per-position max (pos_maxabs), not recorded"
+
+    hist = _vec(g, "hist")
+    if hist:
+        ev["top_bin_share"] = float(np.mean([h.max() / h.sum() for h in hist.values() if h.sum() > 0] or [0.0]))
+    else:
+        skipped.append("quantize_lut: hist not recorded")
+
+    pos, adj = _vec(g, "pos_sumsq"), _vec(g, "adj_sumsq")
+    if pos and adj:
+        ratios = []
+        for step, p in pos.items():
+            a = adj.get(step)
+            if a is None or len(p) < 2 or p.mean() <= 0:
+                continue
+            adj_mean = a[0] / (len(p) - 1) if (len(a) == 1 and len(p) > 2) else a.mean()
+            ratios.append(adj_mean / p.mean())
+        if ratios:
+            ev["adj_ratio"] = float(np.mean(ratios))
+    if "adj_ratio" not in ev:
+        skipped.append("delta_compute: adj_sumsq and pos_sumsq over >= 2 positions not recorded")
+    if pos:
+        cvs = [p.std() / p.mean() for p in pos.values() if len(p) >= 2 and p.mean() > 0]
+        if cvs:
+            ev["pos_cv"] = float(np.mean(cvs))
+    if "pos_cv" not in ev:
+        skipped.append("positional: pos_sumsq over >= 2 positions not recorded")
+    return ev, skipped
+
+
+def classify(ev: dict) -> tuple[str, float]:
+    """First matching rule of the module table on :func:`site_stats` numbers: (finding, score)."""
+    d = ev.get("density")
+    if d is not None and d < SPARSE_DENSITY:
+        return "sparse_gemm", 1.0 - d
+    r = ev.get("outlier_ratio")
+    if r is not None and r > OUTLIER_RATIO:
+        return "int_quant", 1.0 - OUTLIER_RATIO / r
+    t = ev.get("top_bin_share")
+    if t is not None and t > TOP_BIN_SHARE:
+        return "quantize_lut", t
+    a = ev.get("adj_ratio")
+    if a is not None and a < ADJ_RATIO:
+        return "delta_compute", 1.0 - a
+    c = ev.get("pos_cv")
+    if c is not None and c > POS_CV:
+        return "positional", c / (1.0 + c)
+    return "dense_not_observable", 0.0
+
+
+def stationarity(g: pd.DataFrame) -> tuple[str, float, dict] | None:
+    """Cross-step finding from the CV of ``l1``: (stationary|drifting, score, evidence), or None (< 2 steps)."""
+    l1 = _scal(g, "l1").to_numpy(dtype=float)
+    if len(l1) < 2:
+        return None
+    cv = float(np.std(l1) / (abs(np.mean(l1)) + 1e-30))
+    label = "stationary" if cv < STATIONARY_CV else "drifting"
+    return label, 1.0 - min(cv, 1.0), {"l1_cv": cv, "steps": int(len(l1)), "threshold": STATIONARY_CV}
 
 
 def mine_patterns(sketches: pd.DataFrame) -> pd.DataFrame:
     """Findings per (run, site, role) from tidy sketch rows.
 
-    Input columns: run_id, workload, step, site, role, stat, value, numel
-    (the ``sketches`` table).  Output: rows of the ``patterns`` table with
-    ``finding`` in {sparse_gemm, dense_not_observable, stationary, drifting}
-    and the numbers behind each in ``evidence_json``.
+    Parameters
+    ----------
+    sketches : rows of the ``sketches`` table (run_id, workload, step, site,
+        role, stat, idx, value, numel; ``dist`` optional).  Roles ``probs`` and
+        ``route`` are ignored (see :func:`goblin_assets.opscope.infer.infer_dynamics`).
+
+    Returns
+    -------
+    DataFrame
+        ``patterns`` rows: one per (run, site, role) with the first matching
+        rule's finding (sparse_gemm, int_quant, quantize_lut, delta_compute,
+        positional, dense_not_observable) and, with two or more steps, one
+        stationary/drifting row.  ``evidence_json`` holds the numbers, the
+        thresholds' rule and the rules skipped for lack of a statistic.  When
+        one run records the same site under several ``dist`` values (a sweep),
+        the site is reported as ``site@dist``.
     """
+    df = sketches[~sketches["role"].isin(["probs", "route"])]
+    if "dist" not in df.columns:
+        df = df.assign(dist="")
+    n_dist = df.groupby(["run_id", "site"])["dist"].transform("nunique")
+    df = df.assign(_site=np.where(n_dist > 1, df["site"] + "@" + df["dist"].astype(str), df["site"]))
     out = []
-    scal = sketches[sketches["idx"] == 0]
-    wide = scal.pivot_table(index=["run_id", "workload", "site", "role", "step"], columns="stat",
-                            values="value", aggfunc="first").reset_index()
-    numel = scal.groupby(["run_id", "site", "role", "step"])["numel"].first().rename("numel").reset_index()
-    wide = wide.merge(numel, on=["run_id", "site", "role", "step"])
-    for (run_id, workload, site, role), g in wide.groupby(["run_id", "workload", "site", "role"]):
-        density = float((g["nnz"] / g["numel"]).mean())
-        absmax = float(np.maximum(g["max"].abs(), g["min"].abs()).max())
-        ev = {"density": density, "absmax": absmax, "mean": float(g["mean"].mean()), "steps": int(len(g))}
-        if density < SPARSE_DENSITY:
-            out.append((run_id, workload, site, role, "sparse_gemm", 1.0 - density, ev))
-        else:
-            out.append((run_id, workload, site, role, "dense_not_observable", 0.0,
-                        {**ev, "note": "low rank is not observable from scalar sketches; a host probe is needed"}))
-        if len(g) >= 2:
-            l1 = g["l1"].to_numpy()
-            cv = float(np.std(l1) / (abs(np.mean(l1)) + 1e-30))
-            label = "stationary" if cv < STATIONARY_CV else "drifting"
-            out.append((run_id, workload, site, role, label, 1.0 - min(cv, 1.0), {"l1_cv": cv, "steps": int(len(g))}))
+    for (run_id, workload, site, role), g in df.groupby(["run_id", "workload", "_site", "role"], sort=False):
+        ev, skipped = site_stats(g)
+        finding, score = classify(ev)
+        if finding == "dense_not_observable":
+            ev["note"] = _LOW_RANK_NOTE
+        if skipped:
+            ev["skipped"] = skipped
+        out.append((run_id, workload, site, role, finding, score, ev))
+        st = stationarity(g)
+        if st is not None:
+            out.append((run_id, workload, site, role, st[0], st[1], st[2]))
     return pd.DataFrame(
-        [{"run_id": r, "workload": w, "site": s, "role": ro, "finding": f, "score": sc,
-          "evidence_json": json.dumps(e)} for r, w, s, ro, f, sc, e in out],
+        [{"run_id": r, "workload": w, "site": s, "role": ro, "finding": f, "score": float(sc),
+          "evidence_json": json.dumps(e, default=float)} for r, w, s, ro, f, sc, e in out],
         columns=columns("patterns"))

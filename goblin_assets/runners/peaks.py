@@ -74,30 +74,14 @@ def measure_cpu_peak_tflops(n: int = 1024, seconds: float = 0.6, threads: int | 
     return 2 * n**3 / best / 1e12
 
 
-def _cached_probe(key: str, measure) -> float:
-    """Return the cached value of ``key`` in ``$GOBLIN_HOME/cpu_peak.json`` or measure and store it."""
-    cache = goblin_home() / "cpu_peak.json"
-    try:
-        known = json.loads(cache.read_text())
-    except (OSError, ValueError):
-        known = {}
-    if key in known:
-        return float(known[key])
-    value = float(measure())
-    known[key] = value
-    tmp = cache.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(known))
-    tmp.replace(cache)
-    return value
-
-
+@functools.lru_cache(maxsize=8)
 def measure_cpu_mem_bandwidth_tb_s(mib: int = 256, seconds: float = 0.5, threads: int | None = None) -> float:
     """Measured memory bandwidth of this CPU (TB/s), the memory roof of the CPU roofline.
 
     Times ``dst.copy_(src)`` of two ``mib`` MiB fp32 buffers (much larger than
     any cache) for about ``seconds`` and keeps the best repeat; bytes moved per
-    copy are ``2 * mib`` MiB (one read, one write).  Cached per host and thread
-    count next to :func:`measure_cpu_peak_tflops`.
+    copy are ``2 * mib`` MiB (one read, one write).  Measured once per process
+    and thread count, like :func:`measure_cpu_peak_tflops`.
 
     Units
     -----
@@ -110,25 +94,20 @@ def measure_cpu_mem_bandwidth_tb_s(mib: int = 256, seconds: float = 0.5, threads
     import torch
 
     nthreads = threads or torch.get_num_threads()
-    key = f"membw|{platform.node()}|{platform.processor()}|{torch.__version__}|{nthreads}|{mib}"
-
-    def _measure() -> float:
-        old = torch.get_num_threads()
-        torch.set_num_threads(nthreads)
-        try:
-            n = mib * 2**20 // 4
-            src, dst = torch.ones(n), torch.empty(n)
+    old = torch.get_num_threads()
+    torch.set_num_threads(nthreads)
+    try:
+        n = mib * 2**20 // 4
+        src, dst = torch.ones(n), torch.empty(n)
+        dst.copy_(src)
+        best, t_end = float("inf"), time.perf_counter() + seconds
+        while time.perf_counter() < t_end:
+            t0 = time.perf_counter()
             dst.copy_(src)
-            best, t_end = float("inf"), time.perf_counter() + seconds
-            while time.perf_counter() < t_end:
-                t0 = time.perf_counter()
-                dst.copy_(src)
-                best = min(best, time.perf_counter() - t0)
-        finally:
-            torch.set_num_threads(old)
-        return 2 * mib * 2**20 / best / 1e12
-
-    return _cached_probe(key, _measure)
+            best = min(best, time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(old)
+    return 2 * mib * 2**20 / best / 1e12
 
 
 def cpu_peak(threads: int | None = None) -> DevicePeak:

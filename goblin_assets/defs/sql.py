@@ -1,0 +1,60 @@
+"""One asset per SQL model in ``dbt_like_sql/``, with upstream assets read from its SQL."""
+import hashlib
+
+import dagster as dg
+from dagster_duckdb import DuckDBResource
+
+from goblin_assets.warehouse.db import ensure_tables
+from goblin_assets.warehouse.sql_models import SqlModel, build_model, load_models
+
+#: Which asset writes each warehouse table (the SQL's table names map to these).
+TABLE_PRODUCERS: dict[str, list[str]] = {
+    "runs": ["profile_run", "benchmark_patched"],
+    "kernels": ["profile_run", "benchmark_patched"],
+    "waste_budget": ["waste_budget", "benchmark_patched"],
+    "sketches": ["tensor_sketches"],
+    "patterns": ["mined_patterns"],
+    "kb_matches": ["kb_matches"],
+    "kb_embeddings": ["kb_index"],
+    "benchmarks": ["benchmark_baseline", "benchmark_patched"],
+    "audits": ["audit_report"],
+}
+
+
+def _deps(model: SqlModel, names: set[str]) -> list[dg.AssetKey]:
+    keys: set[str] = set()
+    for table in model.upstream:
+        keys.update([table] if table in names else TABLE_PRODUCERS.get(table, []))
+    return [dg.AssetKey(k) for k in sorted(keys)]
+
+
+def _sql_asset(model: SqlModel, names: set[str]) -> dg.AssetsDefinition:
+    @dg.asset(name=model.name, group_name=f"sql_{model.layer}", deps=_deps(model, names), pool="warehouse_writer",
+              kinds={"duckdb", "sql"}, description=model.description or f"{model.materialized} from {model.path.name}",
+              code_version=hashlib.sha256(model.sql.encode()).hexdigest()[:12], metadata={"path": dg.MetadataValue.path(str(model.path))})
+    def _build(context: dg.AssetExecutionContext, duckdb: DuckDBResource) -> dg.MaterializeResult:
+        with duckdb.get_connection() as con:
+            ensure_tables(con)
+            rows = build_model(con, model)
+            cols = con.execute(f'DESCRIBE "{model.name}"').fetchall()
+            preview = con.execute(f'SELECT * FROM "{model.name}" LIMIT 10').df()
+        return dg.MaterializeResult(metadata={
+            "dagster/row_count": rows,
+            "dagster/column_schema": dg.TableSchema(columns=[dg.TableColumn(c[0], str(c[1])) for c in cols]),
+            "materialized": model.materialized,
+            "upstream_tables": dg.MetadataValue.json(list(model.upstream)),
+            "query": dg.MetadataValue.md(f"```sql\n{model.sql.strip()}\n```"),
+            "preview": dg.MetadataValue.md(preview.to_markdown(index=False) if not preview.empty else "(empty)"),
+        })
+
+    return _build
+
+
+def build_sql_assets() -> list[dg.AssetsDefinition]:
+    """Assets for every model under ``dbt_like_sql/`` (see warehouse/sql_models.py)."""
+    models = load_models()
+    names = {m.name for m in models}
+    return [_sql_asset(m, names) for m in models]
+
+
+SQL_ASSETS = build_sql_assets()

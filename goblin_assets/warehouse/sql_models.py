@@ -1,0 +1,112 @@
+"""SQL models over the warehouse: plain DuckDB SQL files in layers (``dbt_like_sql/``).
+
+Each ``.sql`` file under ``staging/`` or ``marts/`` is one model named after the
+file.  A header comment ``-- materialized: view`` or ``-- materialized: table``
+says how it is built.  Its upstream tables are read from the SQL itself with
+sqlglot (every table referenced, minus the query's own CTE names), never from
+a hand-written list.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+import sqlglot
+from sqlglot import exp
+
+from goblin_assets import REPO_ROOT
+from goblin_assets.errors import WarehouseError
+
+SQL_ROOT = REPO_ROOT / "dbt_like_sql"
+LAYERS = ("staging", "marts")
+_MATERIALIZED = re.compile(r"^\s*--\s*materialized:\s*(view|table)\s*$", re.MULTILINE | re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class SqlModel:
+    """One SQL file: its name, layer, how it is materialized, its SQL and upstream tables."""
+
+    name: str
+    layer: str
+    path: Path
+    materialized: str
+    sql: str
+    upstream: tuple[str, ...]
+    description: str
+
+
+def upstream_tables(sql: str, file: str = "<sql>") -> tuple[str, ...]:
+    """Tables a query reads (sorted), found by parsing it with sqlglot (DuckDB dialect).
+
+    Raises
+    ------
+    WarehouseError
+        The SQL does not parse (message names the file).
+    """
+    try:
+        tree = sqlglot.parse_one(sql, read="duckdb")
+    except sqlglot.errors.ParseError as exc:
+        raise WarehouseError(f"{file}: SQL does not parse: {exc}") from None
+    ctes = {c.alias_or_name for c in tree.find_all(exp.CTE)}
+    return tuple(sorted({t.name for t in tree.find_all(exp.Table) if t.name and t.name not in ctes}))
+
+
+def load_models(root: Path = SQL_ROOT) -> list[SqlModel]:
+    """Every model under ``root/staging`` and ``root/marts``, in dependency order.
+
+    Raises
+    ------
+    WarehouseError
+        A file lacks the ``-- materialized:`` header, does not parse, two files
+        share a name, or models depend on each other in a cycle.
+    """
+    models: dict[str, SqlModel] = {}
+    for layer in LAYERS:
+        for path in sorted((root / layer).glob("*.sql")):
+            sql = path.read_text(encoding="utf-8")
+            m = _MATERIALIZED.search(sql)
+            if not m:
+                raise WarehouseError(f"{path}: missing header comment '-- materialized: view|table'")
+            if path.stem in models:
+                raise WarehouseError(f"{path}: a model named {path.stem!r} already exists")
+            comments = [ln.strip()[2:].strip() for ln in sql.splitlines() if ln.strip().startswith("--")]
+            desc = " ".join(c for c in comments if not c.lower().startswith("materialized:"))
+            models[path.stem] = SqlModel(path.stem, layer, path, m.group(1).lower(), sql,
+                                         upstream_tables(sql, str(path)), desc)
+    order: list[SqlModel] = []
+    state: dict[str, int] = {}
+
+    def visit(name: str, chain: tuple[str, ...]) -> None:
+        if state.get(name) == 2:
+            return
+        if state.get(name) == 1:
+            raise WarehouseError(f"SQL models form a cycle: {' -> '.join(chain + (name,))}")
+        state[name] = 1
+        for up in models[name].upstream:
+            if up in models:
+                visit(up, chain + (name,))
+        state[name] = 2
+        order.append(models[name])
+
+    for name in models:
+        visit(name, ())
+    return order
+
+
+def build_model(con: duckdb.DuckDBPyConnection, model: SqlModel) -> int:
+    """``CREATE OR REPLACE`` the model's view or table; returns its row count.
+
+    Raises
+    ------
+    WarehouseError
+        DuckDB rejected the SQL (message names the file).
+    """
+    body = model.sql.strip().rstrip(";")
+    kind = "VIEW" if model.materialized == "view" else "TABLE"
+    try:
+        con.execute(f'CREATE OR REPLACE {kind} "{model.name}" AS {body}')
+        return int(con.execute(f'SELECT count(*) FROM "{model.name}"').fetchone()[0])
+    except duckdb.Error as exc:
+        raise WarehouseError(f"{model.path}: {exc}") from None
