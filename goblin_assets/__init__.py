@@ -20,3 +20,8 @@ def goblin_home() -> Path:
 def warehouse_path() -> Path:
     """The DuckDB warehouse file: ``$GOBLIN_HOME/warehouse.duckdb``."""
     return goblin_home() / "warehouse.duckdb"
+
+
+def workloads_root() -> Path:
+    """The folder whose sub-folders are the workload partitions: ``$GOBLIN_WORKLOADS``, default ``workloads/``."""
+    return Path(os.environ.get("GOBLIN_WORKLOADS", REPO_ROOT / "workloads")).resolve()

@@ -52,14 +52,23 @@ def cmd_audit(args) -> int:
                     repeats=args.repeats, log=lambda s: console.print(f"[dim]{s}[/dim]"))
     counts = write(res.frames)
     console.print(f"[dim]warehouse: {sum(counts.values())} rows in {len(counts)} tables[/dim]")
+    html_path = None
+    if args.html:
+        from pathlib import Path
+
+        from goblin_assets.audit.report import write_html
+
+        html_path = write_html(res.report, Path(args.html))
+        console.print(f"[dim]HTML report: {html_path}[/dim]")
     if args.json:
-        _print_json(res.to_json())
+        _print_json({**res.to_json(), **({"html_path": str(html_path)} if html_path else {})})
         return 0
     r = res.report
     t = Table(title=f"goblin audit: {wl.name}")
     for c in ("", "original", "patched"):
         t.add_column(c)
-    t.add_row(f"{r.unit}/s (median, measured)", f"{r.baseline_throughput:.1f}", f"{r.patched_throughput:.1f}")
+    t.add_row(f"{r.throughput_unit or r.unit + '/s'} (median, measured)", f"{r.baseline_throughput:.1f}",
+              f"{r.patched_throughput:.1f}")
     t.add_row("step time (profiled)", _fmt(r.before_step_time_s, " ms", 1e3, 1), _fmt(r.after_step_time_s, " ms", 1e3, 1))
     for bc in r.buckets:
         t.add_row(f"  {bc.bucket} ({bc.before_status})", f"{bc.before_share:.0%}", f"{bc.after_share:.0%}")
@@ -67,7 +76,7 @@ def cmd_audit(args) -> int:
     out.print(f"measured speedup [bold]{r.measured_speedup:.2f}x[/bold] (predicted {r.predicted_low:.2f}x–"
               f"{r.predicted_high:.2f}x, confidence {r.confidence:.2f}); rules: "
               f"{', '.join(a.rule_id for a in r.applied) or 'none'}")
-    out.print(f"report: {res.report_path}")
+    out.print(f"report: {res.report_path}" + (f" (HTML: {html_path})" if html_path else ""))
     return 0
 
 
@@ -133,6 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--repeats", type=int, default=3, help="alternating benchmark repeats per arm")
     a.add_argument("--timeout", type=float, default=600.0, help="wall-clock limit per child run, seconds")
     a.add_argument("--json", action="store_true")
+    a.add_argument("--html", metavar="OUT.html", help="also write the self-contained HTML report to this file")
     a.set_defaults(fn=cmd_audit)
 
     pr = sub.add_parser("profile", help="profile a workload and print RunMetrics")

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 # --------------------------------------------------------------------------- config
 
 #: Fields of the ConfigDict, in display order.  ``intra_op_threads`` extends
 #: DESIGN.md's list: it is the main process's ``torch.set_num_threads`` value,
-#: needed to size data-loader workers and threads together.
+#: needed to size data-loader workers and threads together.  ``padding`` and
+#: ``group_by_length`` extend it too: how each batch's sequences are padded
+#: (so a padding-waste rule has something in the file to change).
 CONFIG_FIELDS: tuple[str, ...] = (
     "model_name",
     "batch_size",
@@ -29,7 +31,18 @@ CONFIG_FIELDS: tuple[str, ...] = (
     "intra_op_threads",
     "lr",
     "warmup_steps",
+    "padding",
+    "group_by_length",
 )
+
+#: ``ConfigDict.padding`` values: how the sequences of one batch are padded.
+#: ``max_length``: every sequence padded to a fixed length when tokenised
+#: (fixed shapes, pad tokens computed on); ``longest``: padded at
+#: tokenisation to the longest sequence of the tokenised group (per batch only
+#: when tokenised per batch); ``dynamic``: not padded at tokenisation, a
+#: collator pads each batch to its own longest sequence; ``packed``: several
+#: sequences share one row (sample packing / padding-free).
+PaddingStrategy = Literal["max_length", "longest", "dynamic", "packed"]
 
 ValueKind = Literal["literal", "default", "variable", "env", "inferred", "unset"]
 
@@ -51,13 +64,17 @@ class Provenance(BaseModel):
     kind: ValueKind = "unset"
     detail: str = ""
     span: tuple[int, int, int, int] | None = None
+    key: str | None = None
 
 
 class ConfigDict(BaseModel):
     """The training configuration parsed from a user's file.
 
     Units: ``lr`` is the peak learning rate; ``seq_len`` in tokens;
-    ``batch_size`` is per device, in samples.  A value that cannot be
+    ``batch_size`` is per device, in samples.  ``padding`` is one of
+    :data:`PaddingStrategy`; ``group_by_length`` says whether batches are
+    drawn from samples of similar length (HF ``train_sampling_strategy=
+    "group_by_length"``, formerly ``group_by_length=True``).  A value that cannot be
     determined is ``None`` and its provenance (kind ``unset``) gives the
     reason: nothing is guessed.
     """
@@ -75,6 +92,8 @@ class ConfigDict(BaseModel):
     intra_op_threads: int | None = None
     lr: float | None = None
     warmup_steps: int | None = None
+    padding: PaddingStrategy | None = None
+    group_by_length: bool | None = None
     raw_source: str = ""
     source_file: str = ""
     source_format: str = ""
@@ -134,6 +153,9 @@ class RunMetrics(BaseModel):
     """What profile_run and benchmark return (DESIGN.md RunMetrics).
 
     Units: ``step_time_s`` median seconds per step; throughput per second;
+    ``tokens_per_sec`` counts every ``input_ids`` position (pad included),
+    ``real_tokens_per_sec`` only the attention mask's ones (filled from
+    ``tokens_per_sec`` and ``padding_share`` when not given);
     memory in GB (1e9 bytes); ``util_pct`` and ``mfu_pct`` in percent.
     ``not_observable`` maps a null field's name to the reason it is null.
     """
@@ -148,6 +170,7 @@ class RunMetrics(BaseModel):
     unit: Literal["samples", "tokens"] = "samples"
     samples_per_sec: float | None = None
     tokens_per_sec: float | None = None
+    real_tokens_per_sec: float | None = None
     samples_per_step: float | None = None
     padding_share: float | None = None
     mfu_pct: float | None = None
@@ -164,10 +187,33 @@ class RunMetrics(BaseModel):
     trace_path: str | None = None
     run_dir: str | None = None
 
+    @model_validator(mode="after")
+    def _real_tokens(self) -> RunMetrics:
+        """Fill ``real_tokens_per_sec`` = ``tokens_per_sec x (1 - padding_share)`` when not given."""
+        if self.real_tokens_per_sec is None and self.tokens_per_sec is not None:
+            pad = self.padding_share if self.padding_share is not None else 0.0
+            self.real_tokens_per_sec = self.tokens_per_sec * (1.0 - pad)
+        return self
+
     @property
     def throughput(self) -> float | None:
-        """Samples/s or tokens/s, whichever is the workload's unit."""
-        return self.tokens_per_sec if self.unit == "tokens" else self.samples_per_sec
+        """Samples/s, or for token workloads *real* (non-padding) tokens/s.
+
+        ``tokens_per_sec`` counts every position of ``input_ids``, pad tokens
+        included, so a patch that removes padding would look slower in it
+        while doing more useful work per second.  Real tokens (the attention
+        mask's sum, ``tokens_per_sec x (1 - padding_share)``) are the unit in
+        which padding changes compare honestly; for runs without padding both
+        are the same.
+        """
+        if self.unit == "tokens":
+            return self.real_tokens_per_sec if self.real_tokens_per_sec is not None else self.tokens_per_sec
+        return self.samples_per_sec
+
+    @property
+    def throughput_unit(self) -> str:
+        """The unit of :attr:`throughput`, for labels: ``samples/s`` or ``real tokens/s``."""
+        return "real tokens/s" if self.unit == "tokens" else "samples/s"
 
 
 class BenchmarkResult(BaseModel):
@@ -244,16 +290,30 @@ class RuleMatch(BaseModel):
 
 
 class AppliedRule(BaseModel):
+    """A rule the patch applied: what it changed, why, and its source.
+
+    ``changes`` maps a ConfigDict field (or ``env.VAR``) to ``{"from", "to"}``;
+    ``predicted_recovery`` is the rule's own ``recovery_fraction x T_bucket /
+    T_total`` (share of the step, 0..1) before overlaps are combined.
+    """
+
     rule_id: str
     category: str
     targets_bucket: str
     citation: Citation
     rationale: str
     changes: dict[str, Any] = Field(default_factory=dict)
+    predicted_recovery: float = 0.0
 
 
 class Patch(BaseModel):
-    """The proposed change: new config, unified diff of the user's own file."""
+    """The proposed change: new config, unified diff of the user's own file.
+
+    ``dropped`` says, per rule that fired but was not applied, why (a
+    conflict names the rule that won and the reason); ``consistency_notes``
+    say how rules that target the same waste bucket were combined.
+    ``confidence = evidence_coverage x rule_consistency``.
+    """
 
     new_config: dict[str, Any]
     diff: str
@@ -267,4 +327,5 @@ class Patch(BaseModel):
     confidence: float = 0.0
     evidence_coverage: float = 0.0
     rule_consistency: float = 1.0
+    consistency_notes: list[str] = Field(default_factory=list)
     patched_file: str | None = None

@@ -309,7 +309,7 @@ def _check(field_name: str, value: Any) -> tuple[Any, str | None]:
     """Validate one value against the ConfigDict type; (value, problem)."""
     if value is None:
         return None, None
-    if isinstance(value, bool) and field_name not in ("gradient_checkpointing",):
+    if isinstance(value, bool) and field_name not in F.BOOL_FIELDS:
         return None, f"{value!r} is not a valid {field_name}"
     try:
         value = getattr(ConfigDict(**{field_name: value}), field_name)

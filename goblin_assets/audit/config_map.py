@@ -72,26 +72,34 @@ class Raw:
 
 @dataclass
 class Found:
-    """A candidate value for one ConfigDict (or auxiliary) field."""
+    """A candidate value for one ConfigDict (or auxiliary) field.
+
+    ``conv`` names the converter that read it and ``base_rank`` the rank of
+    its table row before a :class:`Weak` value lowered it: the patch stage
+    uses both to write a new value back in the key's own vocabulary.
+    """
 
     field: str
     value: Any
     prov: Provenance
     rank: int
     seq: int = 0
+    conv: str = ""
+    base_rank: int = 0
 
 
 _SEQ = [0]
 
 
-def found(field_name: str, value: Any, prov: Provenance, rank: int) -> Found:
+def found(field_name: str, value: Any, prov: Provenance, rank: int, conv: str = "",
+          base_rank: int | None = None) -> Found:
     """A candidate; ``Undetermined`` values become null with kind ``unset``."""
     _SEQ[0] += 1
     if isinstance(value, Undetermined):
         detail = "; ".join(p for p in (value.reason, prov.detail) if p)
         prov = prov.model_copy(update={"kind": "unset", "detail": detail, "span": None})
         value = None
-    return Found(field_name, value, prov, rank, _SEQ[0])
+    return Found(field_name, value, prov, rank, _SEQ[0], conv, rank if base_rank is None else base_rank)
 
 
 # --------------------------------------------------------------------------- converters
@@ -278,6 +286,43 @@ def _not_bool(value: Any, sibling: Callable[[str], Any]) -> Any:
     return (not b) if isinstance(b, bool) else b
 
 
+def _tokenizer_padding(value: Any, sibling: Callable[[str], Any]) -> Any:
+    """A tokenizer's (or collator's) ``padding=``: transformers PaddingStrategy values."""
+    if isinstance(value, Undetermined):
+        return value
+    if value is None:
+        return SKIP
+    if isinstance(value, bool):
+        return ("longest", "padding=True pads to the longest sequence of each tokenizer call") if value else (
+            "dynamic", "padding=False: not padded when tokenised; the collator pads each batch")
+    low = str(value).strip().lower().rsplit(".", 1)[-1]
+    table = {"max_length": "max_length", "longest": "longest", "do_not_pad": "dynamic"}
+    if low in table:
+        return table[low]
+    return Undetermined(f"padding={value!r} is not a transformers padding strategy")
+
+
+def _pad_to_length(value: Any, sibling: Callable[[str], Any]) -> Any:
+    """axolotl ``pad_to_sequence_len``: true pads every row to sequence_len, false pads per batch."""
+    b = _bool(value)
+    if b is True:
+        return "max_length"
+    if b is False:
+        return "dynamic"
+    return b
+
+
+def _sampling_strategy(value: Any, sibling: Callable[[str], Any]) -> Any:
+    """transformers v5 ``train_sampling_strategy``: only ``group_by_length`` groups by length."""
+    if value is None:
+        return SKIP
+    if isinstance(value, Undetermined):
+        return value
+    if not isinstance(value, str):
+        return Undetermined(f"train_sampling_strategy={value!r} is not a strategy name")
+    return value.strip().lower() == "group_by_length"
+
+
 #: Converter name -> function(value, sibling) returning a value, SKIP, DEFER,
 #: Ratio, Weak, Undetermined, or a (value, note) pair.
 CONVERTERS: dict[str, Callable[[Any, Callable[[str], Any]], Any]] = {
@@ -306,7 +351,90 @@ CONVERTERS: dict[str, Callable[[Any, Callable[[str], Any]], Any]] = {
     "ds_optim": _ds_optim,
     "warmup": _warmup,
     "workers": _workers,
+    "tokenizer_padding": _tokenizer_padding,
+    "pad_to_length": _pad_to_length,
+    "flag_packed": _flag("packed"),
+    "sampling_strategy": _sampling_strategy,
 }
+
+
+#: A ConfigDict value that a key cannot state (``render_value``).
+INEXPRESSIBLE = _Marker("inexpressible")
+
+_FLAG_MEANING = {"flag_bf16": "bf16", "flag_fp16": "fp16", "flag_flash": "flash", "flag_sdpa": "sdpa",
+                 "flag_eager": "eager", "flag_packed": "packed", "auto_bf16": "bf16"}
+_IDENTITY = ("int", "float", "str", "str_only", "model_id", "optim", "workers", "warmup")
+#: Preferred spelling of an attention value per converter (the HF names; LLaMA-Factory's own).
+_ATTN_OUT = {"attn": {"sdpa": "sdpa", "eager": "eager", "flash": "flash_attention_2"},
+             "lf_attn": {"sdpa": "sdpa", "eager": "disabled", "flash": "fa2", "unknown": "auto"}}
+_DTYPE_STYLES = (("torch.", ("torch.bfloat16", "torch.float16", "torch.float32")),
+                 ("long", ("bfloat16", "float16", "float32")),
+                 ("short", ("bf16", "fp16", "fp32")))
+
+
+def _render_dtype(value: str, original: Any) -> Any:
+    text = str(original).strip().lower() if original is not None else ""
+    if text == "no" and value == "fp32":
+        return "no"
+    style = ("torch." if text.startswith("torch.") else
+             "long" if text in ("bfloat16", "float16", "float32", "float", "half") else "short")
+    names = dict(_DTYPE_STYLES)[style]
+    return next((n for n in names if F.DTYPE_NAMES.get(n) == value), INEXPRESSIBLE)
+
+
+def render_value(conv: str, value: Any, original: Any = None) -> tuple[Any, bool]:
+    """The value to write under a key read by converter ``conv`` so that it means ``value``.
+
+    The inverse of the converters: ``attn`` writes ``flash`` as
+    ``"flash_attention_2"``; a flag (``flag_bf16``, ``flag_sdpa`` ...) can
+    only say whether its own meaning holds, so it is ``True`` for that value
+    and ``False`` for any other; ``dtype`` keeps the original's spelling
+    style (``torch.bfloat16`` / ``bfloat16`` / ``bf16``).
+
+    Parameters
+    ----------
+    conv : str
+        A key of :data:`CONVERTERS`.
+    value : Any
+        The ConfigDict value to state.
+    original : Any
+        The value the key holds now (its spelling style is kept).
+
+    Returns
+    -------
+    tuple
+        ``(file_value, states_it)``: ``states_it`` is True when reading
+        ``file_value`` back through ``conv`` gives ``value`` (False for a flag
+        set to ``False``, which only says "not this").  ``file_value`` is
+        :data:`INEXPRESSIBLE` when the key cannot carry the value at all.
+    """
+    if conv in _FLAG_MEANING:
+        out: Any = value == _FLAG_MEANING[conv]
+    elif conv in _IDENTITY:
+        out = value
+    elif conv in ("bool", "checkpointing"):
+        out = bool(value) if isinstance(value, bool) else INEXPRESSIBLE
+    elif conv == "not_bool":
+        out = (not value) if isinstance(value, bool) else INEXPRESSIBLE
+    elif conv in ("dtype", "load_dtype"):
+        out = _render_dtype(value, original) if isinstance(value, str) else INEXPRESSIBLE
+    elif conv in _ATTN_OUT:
+        table = F.ATTN_NAMES if conv == "attn" else F.LF_FLASH_ATTN
+        keep = isinstance(original, str) and table.get(original.strip().lower()) == value
+        out = original if keep else _ATTN_OUT[conv].get(value, INEXPRESSIBLE)
+    elif conv == "tokenizer_padding":
+        out = {"max_length": "max_length", "dynamic": False,
+               "longest": True if isinstance(original, bool) else "longest"}.get(value, INEXPRESSIBLE)
+    elif conv == "pad_to_length":
+        out = {"max_length": True, "dynamic": False}.get(value, INEXPRESSIBLE)
+    elif conv == "sampling_strategy":
+        out = ("group_by_length" if value else "random") if isinstance(value, bool) else INEXPRESSIBLE
+    else:
+        out = INEXPRESSIBLE
+    if out is INEXPRESSIBLE:
+        return out, False
+    back, _ = convert(conv, out)
+    return out, back == value and not isinstance(back, (Weak, _Marker))
 
 
 def convert(name: str, value: Any, sibling: Callable[[str], Any] = lambda k: None) -> tuple[Any, str]:
@@ -393,7 +521,8 @@ def map_entries(tool: str, raws: dict[str, Raw], origin: str = "") -> Mapped:
         ``"auto"`` (deferred to the trainer).
     """
     out = Mapped()
-    for field_name, key, conv, rank in tool_rows(tool):
+    for field_name, key, conv, row_rank in tool_rows(tool):
+        rank = row_rank
         raw = raws.get(key)
         if raw is None:
             continue
@@ -413,6 +542,6 @@ def map_entries(tool: str, raws: dict[str, Raw], origin: str = "") -> Mapped:
             value, rank = value.value, min(rank, F.R_WEAK)
         where = f"{key}" + (f" in {origin}" if origin else "")
         detail = "; ".join(p for p in (where, raw.detail, note) if p)
-        prov = Provenance(file=raw.file, line=raw.line, kind=raw.kind, detail=detail, span=raw.span)
-        out.found.append(found(field_name, value, prov, rank))
+        prov = Provenance(file=raw.file, line=raw.line, kind=raw.kind, detail=detail, span=raw.span, key=key)
+        out.found.append(found(field_name, value, prov, rank, conv, row_rank))
     return out

@@ -501,7 +501,10 @@ class _Analysis:
         self.optimizer_vars: set[str] = set()
         self.training = False
 
-    def add(self, field_name: str, res: Resolved, conv: str, rank: int, at: ast.AST, detail: str) -> None:
+    def add(self, field_name: str, res: Resolved, conv: str, rank: int, at: ast.AST, detail: str,
+            key: str | None = None) -> None:
+        """A candidate read from source text: ``key`` is the keyword (or ``#i``) it was written under."""
+        base_rank = rank
         raw = self.s.raw(res, at)
         value, note = convert(conv, raw.value)
         if value is SKIP:
@@ -511,8 +514,8 @@ class _Analysis:
         if isinstance(value, Weak):
             value, rank = value.value, min(rank, F.R_WEAK)
         text = "; ".join(p for p in (detail, raw.detail, note) if p)
-        prov = Provenance(file=self.file, line=raw.line, kind=raw.kind, detail=text, span=raw.span)
-        self.out.append(found(field_name, value, prov, rank))
+        prov = Provenance(file=self.file, line=raw.line, kind=raw.kind, detail=text, span=raw.span, key=key)
+        self.out.append(found(field_name, value, prov, rank, conv, base_rank))
 
     def infer(self, field_name: str, value: Any, rank: int, at: ast.AST, detail: str) -> None:
         prov = Provenance(file=self.file, line=getattr(at, "lineno", None), kind="inferred", detail=detail)
@@ -578,15 +581,20 @@ class _Analysis:
                 node = s.argument(call, arg)
                 if node is not None:
                     label = f"argument {arg[1:]}" if arg.startswith("#") else arg
-                    self.add(field_name, s.resolve(node, line), conv, rank, call, f"{label} of {name}(...)")
+                    self.add(field_name, s.resolve(node, line), conv, rank, call, f"{label} of {name}(...)", key=arg)
             if "attn_implementation" in args:
                 for arg in F.LOAD_DTYPE_ARGS:
                     node = s.argument(call, arg)
                     if node is not None:
                         self.add("precision", s.resolve(node, line), "load_dtype", F.R_WEAK, call,
-                                 f"{arg} of {name}(...): the model's load dtype")
+                                 f"{arg} of {name}(...): the model's load dtype", key=arg)
             self._call_defaults(call, callee, name)
             break
+        if re.search(F.TRAINER_CALL, name) and s.argument(call, "data_collator") is None and any(
+                s.argument(call, k) is not None for k in F.TRAINER_TOKENIZER_KWARGS):
+            self.infer("padding", "dynamic", F.R_PATTERN - 1, call,
+                       f"{name}(...) gets a tokenizer and no data_collator: it pads each batch with "
+                       "DataCollatorWithPadding")
         if tail == "autocast":
             self._autocast(call, name)
         if tail == "DataLoader":
@@ -599,6 +607,8 @@ class _Analysis:
             if off is None or s.resolve(off).value is not False:
                 self.infer("gradient_checkpointing", True, F.R_PATTERN, call,
                            F.CHECKPOINTING_CALLS.get(tail, f"{name}(...) from {F.CHECKPOINT_MODULE}"))
+        elif tail in F.PADDING_COLLATORS:
+            self._collator(call, name, tail)
         elif tail in F.ATTENTION_CALLS:
             self.infer("attention_impl", F.ATTENTION_CALLS[tail], F.R_PATTERN, call, f"{name}(...) in the code")
         elif tail in F.PRECISION_METHODS and isinstance(call.func, ast.Attribute) and not call.args:
@@ -613,6 +623,19 @@ class _Analysis:
             self.infer("precision", "fp16", F.R_PATTERN - 1, call, "GradScaler is used (fp16 loss scaling)")
         elif tail == "backward":
             self.training = True
+
+    def _collator(self, call: ast.Call, name: str, tail: str) -> None:
+        """A padding collator (fields.PADDING_COLLATORS): batches padded per batch unless it says max_length."""
+        node = self.s.argument(call, "padding")
+        value = self.s.resolve(node, call.lineno).value if node is not None else None
+        if isinstance(value, str) and value.strip().lower().rsplit(".", 1)[-1] == "max_length":
+            self.add("padding", self.s.resolve(node, call.lineno), "tokenizer_padding", F.R_PATTERN, call,
+                     f"padding of {name}(...)", key="padding")
+            return
+        strategy = F.PADDING_COLLATORS[tail]
+        self.infer("padding", strategy, F.R_PATTERN, call,
+                   f"{name}(...) " + ("packs sequences into rows" if strategy == "packed"
+                                      else "pads each batch to its longest sequence"))
 
     def _call_defaults(self, call: ast.Call, callee: str, name: str) -> None:
         for pattern, defaults in F.CALL_DEFAULTS:
@@ -660,7 +683,8 @@ class _Analysis:
         if lr is None and len(call.args) > 1:
             lr = call.args[1]
         if lr is not None:
-            self.add("lr", self.s.resolve(lr, call.lineno), "float", F.R_CALL, call, f"lr of {full}(...)")
+            self.add("lr", self.s.resolve(lr, call.lineno), "float", F.R_CALL, call, f"lr of {full}(...)",
+                     key="lr" if self.s.argument(call, "lr") is not None else "#1")
         else:
             default = F.OPTIMIZER_CLASSES[full.rsplit(".", 1)[-1]][1]
             prov = Provenance(file=self.file, line=call.lineno, kind="default",

@@ -63,6 +63,9 @@ _HF_ROWS: list[tuple[str, str, str, int]] = [
     ("lr", "lr", "float", R_EXPLICIT - 1),
     ("warmup_steps", "warmup_steps", "warmup", R_EXPLICIT),
     ("warmup_steps", "num_warmup_steps", "warmup", R_EXPLICIT - 1),
+    # transformers v5 `train_sampling_strategy="group_by_length"`; v4 `group_by_length=True` (kb_facts F30)
+    ("group_by_length", "train_sampling_strategy", "sampling_strategy", R_EXPLICIT),
+    ("group_by_length", "group_by_length", "bool", R_EXPLICIT),
     ("_warmup_ratio", "warmup_ratio", "float", R_EXPLICIT),
     ("_max_steps", "max_steps", "int", R_EXPLICIT),
     ("_deepspeed", "deepspeed", "str", R_EXPLICIT),
@@ -73,7 +76,11 @@ _HF_ROWS: list[tuple[str, str, str, int]] = [
 #: (``TOOL_BASE``), so a later duplicate key is only a fallback.
 SYNONYMS: dict[str, list[tuple[str, str, str, int]]] = {
     "hf": _HF_ROWS,
-    "trl_sft": [],
+    # TRL SFTConfig packing / padding_free (kb_facts F30): several sequences per row
+    "trl_sft": [
+        ("padding", "packing", "flag_packed", R_EXPLICIT),
+        ("padding", "padding_free", "flag_packed", R_EXPLICIT),
+    ],
     "trl": [],
     "handbook": [],
     "axolotl": [
@@ -93,12 +100,15 @@ SYNONYMS: dict[str, list[tuple[str, str, str, int]]] = {
         ("attention_impl", "sage_attention", "flag_other", R_EXPLICIT),
         ("attention_impl", "s2_attention", "flag_other", R_EXPLICIT),
         ("gradient_checkpointing", "gradient_checkpointing", "checkpointing", R_EXPLICIT),
+        ("padding", "sample_packing", "flag_packed", R_EXPLICIT + 1),
+        ("padding", "pad_to_sequence_len", "pad_to_length", R_EXPLICIT),
         ("_adapter", "adapter", "str", R_EXPLICIT),
     ],
     "llamafactory": [
         ("precision", "pure_bf16", "flag_bf16", R_EXPLICIT),
         ("attention_impl", "flash_attn", "lf_attn", R_EXPLICIT),
         ("gradient_checkpointing", "disable_gradient_checkpointing", "not_bool", R_EXPLICIT),
+        ("padding", "packing", "flag_packed", R_EXPLICIT),
         ("_finetuning_type", "finetuning_type", "str", R_EXPLICIT),
     ],
     "torchtune": [
@@ -113,6 +123,7 @@ SYNONYMS: dict[str, list[tuple[str, str, str, int]]] = {
         ("lr", "optimizer.lr", "float", R_EXPLICIT),
         ("warmup_steps", "lr_scheduler.num_warmup_steps", "int", R_EXPLICIT),
         ("_packed", "dataset.packed", "bool", R_EXPLICIT),
+        ("padding", "dataset.packed", "flag_packed", R_EXPLICIT),
         ("_max_steps", "max_steps_per_epoch", "int", R_EXPLICIT - 5),
     ],
     "oumi": [
@@ -209,6 +220,8 @@ TOOL_DEFAULTS: dict[str, dict[str, tuple[object, str, str]]] = {
         "attention_impl": ("unknown", "default",
                            "the files never choose: transformers picks the attention at load time"),
         "lora_rank": (None, "unset", "no LoRA/PEFT rank in the files (full fine-tune or set elsewhere)"),
+        "group_by_length": (False, "default", f"train_sampling_strategy='random' (v5) / group_by_length=False "
+                                              f"(v4): {_HF}"),
     },
     "trl_sft": {
         "lr": (2e-5, "default", f"learning_rate=2e-5: {_TRL}"),
@@ -216,6 +229,8 @@ TOOL_DEFAULTS: dict[str, dict[str, tuple[object, str, str]]] = {
                                    f"gradient_checkpointing=True since TRL v0.22.0 (PR #3510): {_TRL}"),
         "precision": ("bf16", "default", f"bf16=None -> True unless fp16, since TRL v0.19.0: {_TRL}"),
         "seq_len": (1024, "default", f"max_length=1024: {_TRL}"),
+        "padding": ("dynamic", "default", "TRL SFTTrainer's collator pads each batch to its longest sequence "
+                                          "(packing=False, padding_free=False by default)"),
     },
     "trl": {
         "lr": (UNDETERMINED, "unset", "this TRL config class overrides TrainingArguments' learning_rate; "
@@ -244,6 +259,8 @@ TOOL_DEFAULTS: dict[str, dict[str, tuple[object, str, str]]] = {
                                                      "False when absent"),
         "grad_accum_steps": (1, "default", "torchtune recipes: gradient_accumulation_steps 1 when absent"),
         "lora_rank": (None, "unset", "no model.lora_rank: full fine-tune"),
+        "padding": ("dynamic", "default", "torchtune's padded collate pads each batch to its longest sequence "
+                                          "(dataset.packed not set)"),
     },
     "oumi": {
         "gradient_checkpointing": (False, "default", "oumi enable_gradient_checkpointing default False"),
@@ -267,6 +284,10 @@ TOOL_DEFAULTS: dict[str, dict[str, tuple[object, str, str]]] = {
 #: Applies to every tool: intra-op threads are a torch process setting.
 COMMON_DEFAULTS: dict[str, tuple[object, str, str]] = {
     "intra_op_threads": (None, "unset", "not set: torch default, one intra-op thread per core"),
+    "padding": (None, "unset", "no padding strategy in the file: sequences are padded where the data is "
+                               "tokenised or collated (tokenizer padding=, a data collator), not shown here"),
+    "group_by_length": (None, "unset", "no length grouping in the file (a length-grouped sampler, or "
+                                       "TrainingArguments train_sampling_strategy / group_by_length)"),
 }
 
 # --------------------------------------------------------------------------- value vocabularies
@@ -350,7 +371,7 @@ CALL_FIELDS: list[tuple[str, dict[str, tuple[str, str]], int]] = [
     (r"(^|\.)get_scheduler$", {"num_warmup_steps": ("warmup_steps", "int"), "#2": ("warmup_steps", "int")}, R_CALL),
     (r"(^|\.)(\w+Trainer|Trainer)$", {"model": ("model_name", "str_only")}, R_CALL),
     (r"(^|\.)autocast$", {"dtype": ("precision", "dtype"), "#1": ("precision", "dtype")}, R_PATTERN),
-    (r"<tokenizer>", {"max_length": ("seq_len", "int")}, R_TOKENIZER),
+    (r"<tokenizer>", {"max_length": ("seq_len", "int"), "padding": ("padding", "tokenizer_padding")}, R_TOKENIZER),
 ]
 
 #: Dtype keywords of from_pretrained: the model's load dtype (weaker than trainer flags).
@@ -380,6 +401,23 @@ PRECISION_METHODS: dict[str, str] = {"half": "fp16", "bfloat16": "bf16"}
 GRAD_SCALER = "GradScaler"
 #: torch.autocast without dtype: float16 on cuda, bfloat16 on cpu (torch.amp docs).
 AUTOCAST_DEFAULT_DTYPE: dict[str, str] = {"cuda": "fp16", "cpu": "bf16", "xpu": "bf16", "hpu": "bf16"}
+
+#: Collators (and helpers) that pad each batch: name -> ConfigDict padding.
+#: Their own ``padding="max_length"`` argument, when given, wins (read with
+#: the ``tokenizer_padding`` converter).  Source: transformers data collator
+#: docs (DataCollatorWithPadding pads "to the longest sequence in the batch"
+#: by default); torch.nn.utils.rnn.pad_sequence; padding_free docs for
+#: DataCollatorWithFlattening (kb_facts F30).
+PADDING_COLLATORS: dict[str, str] = {
+    "DataCollatorWithPadding": "dynamic", "DataCollatorForSeq2Seq": "dynamic",
+    "DataCollatorForTokenClassification": "dynamic", "DataCollatorForLanguageModeling": "dynamic",
+    "DataCollatorForCompletionOnlyLM": "dynamic", "pad_sequence": "dynamic",
+    "DataCollatorWithFlattening": "packed",
+}
+#: A Trainer given a tokenizer and no ``data_collator`` builds a
+#: DataCollatorWithPadding itself (transformers Trainer docs, ``data_collator``).
+TRAINER_TOKENIZER_KWARGS: tuple[str, ...] = ("processing_class", "tokenizer")
+TRAINER_CALL = r"(^|\.)(\w+Trainer|Trainer)$"
 
 #: Calls and imports that choose an attention kernel in raw code.
 ATTENTION_CALLS: dict[str, str] = {
@@ -488,9 +526,72 @@ FORMATS_BY_SUFFIX: dict[str, str] = {
     ".sh": "shell", ".bash": "shell", ".zsh": "shell", ".slurm": "shell", ".sbatch": "shell",
 }
 
+#: ConfigDict fields whose values are booleans (elsewhere a bool is not a valid value).
+BOOL_FIELDS: tuple[str, ...] = ("gradient_checkpointing", "group_by_length")
+
 #: Smallest meaningful value per numeric field; below it the value is reported
 #: as undetermined with a warning (a typo or a sentinel such as -1).
 FIELD_MINIMUMS: dict[str, float] = {
     "batch_size": 1, "grad_accum_steps": 1, "seq_len": 1, "lora_rank": 1,
     "dataloader_workers": 0, "intra_op_threads": 1, "warmup_steps": 0, "lr": 1e-12,
+}
+
+
+# --------------------------------------------------------------------------- patching
+
+#: Where the patch stage writes a field that a Python script does not set yet,
+#: in order of preference: ``(call, keyword, converter, requires)``.  ``call``
+#: is a callee regex, ``<args>`` (the trainer-arguments call, e.g.
+#: ``TrainingArguments(...)``) or ``<tokenizer>`` (calls of a tokenizer
+#: variable).  ``converter`` renders the ConfigDict value in the keyword's own
+#: vocabulary (``config_map.render_value``); ``requires`` is ``(distribution,
+#: min_version, max_version)`` or None: the key only exists in those versions
+#: of the library the patched file runs with.
+MODEL_FROM_PRETRAINED = r"(^|\.)(AutoModel\w*|\w+For\w+|\w+LMHeadModel)\.from_pretrained$"
+PY_INSERT: dict[str, list[tuple[str, str, str, tuple[str, str | None, str | None] | None]]] = {
+    "attention_impl": [(MODEL_FROM_PRETRAINED, "attn_implementation", "attn", None)],
+    "batch_size": [("<args>", "per_device_train_batch_size", "int", None),
+                   (r"(^|\.)DataLoader$", "batch_size", "int", None)],
+    "grad_accum_steps": [("<args>", "gradient_accumulation_steps", "int", None)],
+    "precision": [("<args>", "bf16", "flag_bf16", None), ("<args>", "fp16", "flag_fp16", None)],
+    "optimizer": [("<args>", "optim", "optim", None)],
+    "gradient_checkpointing": [("<args>", "gradient_checkpointing", "bool", None)],
+    "dataloader_workers": [("<args>", "dataloader_num_workers", "workers", None),
+                           (r"(^|\.)DataLoader$", "num_workers", "int", None)],
+    "lr": [("<args>", "learning_rate", "float", None)],
+    "warmup_steps": [("<args>", "warmup_steps", "warmup", None)],
+    "lora_rank": [(r"(^|\.)LoraConfig$", "r", "int", None)],
+    "padding": [("<tokenizer>", "padding", "tokenizer_padding", None)],
+    # kb_facts F30: v4 `group_by_length=True`, v5 `train_sampling_strategy="group_by_length"`
+    "group_by_length": [("<args>", "train_sampling_strategy", "sampling_strategy", ("transformers", "5.0", None)),
+                        ("<args>", "group_by_length", "bool", ("transformers", None, "5.0"))],
+}
+#: Keys of a YAML/JSON tool that only exist in some versions of the library
+#: that reads them: (tool, key) -> (distribution, min_version, max_version).
+VERSIONED_KEYS: dict[tuple[str, str], tuple[str, str | None, str | None]] = {
+    ("hf", "train_sampling_strategy"): ("transformers", "5.0", None),
+    ("hf", "group_by_length"): ("transformers", None, "5.0"),
+}
+#: Values a keyword already has when it is absent (nothing to insert then).
+PY_KEYWORD_DEFAULTS: dict[tuple[str, str], object] = {
+    ("<tokenizer>", "padding"): False,   # tokenizers do not pad unless asked
+}
+#: Fields set by a statement rather than a keyword: field -> (statement
+#: template, the import it needs, comment).  Inserted after the imports.
+PY_STATEMENTS: dict[str, tuple[str, str, str]] = {
+    "intra_op_threads": ("torch.set_num_threads({value})", "torch",
+                         "main-process intra-op threads, sized together with the data-loader workers"),
+}
+#: Code a value needs besides its own keyword: (field, value) -> (calls that
+#: consume the batches, in order, as (callee regex, keyword); the expression
+#: to pass, with ``{tokenizer}`` the script's tokenizer variable; the import
+#: line it needs; the names already meeting the need).  Dynamic padding needs
+#: a collator that pads each batch (transformers DataCollatorWithPadding).
+PY_VALUE_NEEDS: dict[tuple[str, object], tuple[tuple[tuple[str, str], ...], str, str, tuple[str, ...]]] = {
+    ("padding", "dynamic"): (
+        ((TRAINER_CALL, "data_collator"), (r"(^|\.)DataLoader$", "collate_fn")),
+        "DataCollatorWithPadding({tokenizer})",
+        "from transformers import DataCollatorWithPadding",
+        tuple(k for k, v in PADDING_COLLATORS.items() if v == "dynamic"),
+    ),
 }

@@ -48,12 +48,13 @@ def training_config(workload: Workload) -> ConfigDict:
     return parse_config(workload.config_file)
 
 
-def profile(workload: Workload, runner: Runner, steps: int, p: Patch | None = None, label: str = "") -> RunMetrics:
+def profile(workload: Workload, runner: Runner, steps: int, p: Patch | None = None, label: str = "",
+            warmup: int = 2) -> RunMetrics:
     """Stage 2: a profiled run of the workload (or of its patched copy ``p``).
 
     Raises RunFailed (naming the script and the reason) when the run fails.
     """
-    m = profile_run(workload, runner, steps=steps, label=label,
+    m = profile_run(workload, runner, steps=steps, warmup=warmup, label=label,
                     script=Path(p.patched_file) if p and p.patched_file else None,
                     env=p.env if p else None, unset_env=p.unset_env if p else None)
     if not m.ok:

@@ -1,24 +1,40 @@
-"""compare_runs and the audit report (markdown with a chart).
+"""compare_runs and the audit report (markdown, a PNG, a self-contained HTML page).
 
 :func:`compare_runs` is pure: two profiles, the benchmark results and the
-patch in, the report model out.  :func:`write_report` renders it as markdown
-(also attached as Dagster metadata) beside a matplotlib chart of the waste
-budget before/after and the measured throughputs.
+patch in, the report model out.  :func:`render_markdown` renders it for
+Dagster's metadata view; :func:`render_html` as one HTML file with the waste
+budget (before vs after, stacked by bucket) and the throughput chart embedded
+as base64 PNGs, the applied rules with their citations, the diff and the
+footer stating the exact tuple the recommendation holds for.
+
+Throughput is in the workload's honest unit (``RunMetrics.throughput``):
+samples/s, or for token workloads *real* (non-padding) tokens/s, because a
+patch that removes padding processes fewer positions per step while doing
+more useful work per second.
 """
 from __future__ import annotations
 
+import base64
+import html
+import io
 import time
 from pathlib import Path
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from goblin_assets.audit.waste import shares
 from goblin_assets.contracts import (
     WASTE_BUCKETS, AppliedRule, BenchmarkResult, ConfigDict, Patch, RunMetrics,
 )
 
+#: Bucket colours shared by the PNG and the HTML legend.
+BUCKET_COLORS = {"useful": "#4c9a2a", "data_wait": "#d9534f", "host_gap": "#f0ad4e", "comm_excess": "#5bc0de",
+                 "precision_path": "#9b59b6", "kernel_shape": "#7f8c8d"}
+
 
 class BucketChange(BaseModel):
+    """One waste bucket before and after (seconds per step, share of the step)."""
+
     bucket: str
     before_s: float
     after_s: float
@@ -28,12 +44,27 @@ class BucketChange(BaseModel):
     after_status: str
 
 
+class MetricRow(BaseModel):
+    """One row of the side-by-side table: a metric of the original and the patched profile."""
+
+    metric: str
+    before: float | str | None
+    after: float | str | None
+    unit: str = ""
+
+
 class AuditReport(BaseModel):
-    """Everything the audit report shows; every number says how it was obtained."""
+    """Everything the audit report shows; every number says how it was obtained.
+
+    Units: throughputs in ``throughput_unit`` (samples/s, or real non-padding
+    tokens/s for token workloads); step times in seconds; speedups are
+    patched/original throughput ratios.
+    """
 
     workload: str
     model: str
     unit: str
+    throughput_unit: str = ""
     device: str
     torch_version: str | None
     accelerator_version: str
@@ -42,18 +73,25 @@ class AuditReport(BaseModel):
     baseline_spread: float
     patched_throughput: float
     patched_spread: float
+    baseline_throughputs: list[float] = Field(default_factory=list)
+    patched_throughputs: list[float] = Field(default_factory=list)
     repeats: int
     steps: int
     measured_speedup: float
     predicted_low: float
     predicted_high: float
     confidence: float
+    evidence_coverage: float = 0.0
+    rule_consistency: float = 1.0
     buckets: list[BucketChange]
+    metrics: list[MetricRow] = Field(default_factory=list)
     before_step_time_s: float | None
     after_step_time_s: float | None
     applied: list[AppliedRule]
     dropped: list[str]
+    consistency_notes: list[str] = Field(default_factory=list)
     diff: str
+    target_file: str = ""
     env: dict[str, str]
     unset_env: list[str]
     provenance: str
@@ -62,13 +100,79 @@ class AuditReport(BaseModel):
     created_at: str
 
 
+def _accelerator(m: RunMetrics) -> str:
+    p = m.provenance
+    if p.hip_version:
+        return f"ROCm/HIP {p.hip_version}"
+    if p.cuda_version and p.device != "cpu":
+        return f"CUDA {p.cuda_version}"
+    return "none (CPU)"
+
+
+def _side_by_side(before: RunMetrics, after: RunMetrics) -> list[MetricRow]:
+    rows = [
+        MetricRow(metric="step time (median, profiled)", before=before.step_time_s, after=after.step_time_s, unit="s"),
+        MetricRow(metric=before.throughput_unit + " (profiled steps)", before=before.throughput,
+                  after=after.throughput, unit=before.throughput_unit),
+        MetricRow(metric="samples/s", before=before.samples_per_sec, after=after.samples_per_sec, unit="samples/s"),
+        MetricRow(metric="samples per step", before=before.samples_per_step, after=after.samples_per_step),
+    ]
+    if before.unit == "tokens":
+        rows += [
+            MetricRow(metric="tokens/s, pad included", before=before.tokens_per_sec, after=after.tokens_per_sec,
+                      unit="tokens/s"),
+            MetricRow(metric="padding share", before=before.padding_share, after=after.padding_share),
+        ]
+    rows += [
+        MetricRow(metric="MFU", before=before.mfu_pct, after=after.mfu_pct, unit="%"),
+        MetricRow(metric="memory peak", before=before.mem_peak_gb, after=after.mem_peak_gb, unit="GB"),
+        MetricRow(metric="utilisation", before=before.util_pct, after=after.util_pct, unit="%"),
+        MetricRow(metric="fused attention kernel ran",
+                  before=None if before.attention_kernel_loaded is None else str(before.attention_kernel_loaded),
+                  after=None if after.attention_kernel_loaded is None else str(after.attention_kernel_loaded)),
+    ]
+    return rows
+
+
+def _shape(config: ConfigDict, before: RunMetrics) -> str:
+    shape = f"batch_size={config.batch_size}"
+    if config.seq_len:
+        shape += f", seq_len={config.seq_len}"
+    if config.padding:
+        shape += f", padding={config.padding}"
+    if before.samples_per_step:
+        shape += f" (measured {before.samples_per_step:g} samples/step"
+        if before.unit == "tokens" and before.tokens_per_sec and before.step_time_s:
+            tokens = before.tokens_per_sec * sum(before.step_times_s) / max(1, before.steps) \
+                if before.step_times_s else before.tokens_per_sec * before.step_time_s
+            shape += f", {tokens:.0f} token positions/step"
+        shape += ")"
+    return shape
+
+
 def compare_runs(before: RunMetrics, after: RunMetrics, bench: dict[str, BenchmarkResult], patch: Patch,
                  config: ConfigDict, model: str = "") -> AuditReport:
     """Build the report model from the original and patched runs (pure function).
 
-    ``before``/``after`` are the profiled runs (waste budget); ``bench`` holds
-    the alternating benchmark of ``baseline`` and ``patched`` (throughput).
-    ``measured_speedup`` = patched median throughput / baseline median.
+    Parameters
+    ----------
+    before, after : RunMetrics
+        The profiled original and patched runs (waste budget, side-by-side metrics).
+    bench : dict
+        ``"baseline"`` and ``"patched"`` BenchmarkResults: alternating repeats
+        without a profiler (the throughput comparison).
+    patch : Patch
+        The applied rules, the diff and the predicted speedup range.
+    config : ConfigDict
+        The original config (batch/sequence shape for the footer).
+    model : str
+        A human-readable model name for the footer.
+
+    Returns
+    -------
+    AuditReport
+        ``measured_speedup`` = patched median / baseline median throughput,
+        in the workload's honest unit (``RunMetrics.throughput_unit``).
     """
     b, p = bench["baseline"], bench["patched"]
     sb, sa = shares(before.waste_budget), shares(after.waste_budget)
@@ -79,50 +183,81 @@ def compare_runs(before: RunMetrics, after: RunMetrics, bench: dict[str, Benchma
         for k in WASTE_BUCKETS if k in before.waste_budget and k in after.waste_budget
     ]
     prov = before.provenance
-    accel = (f"ROCm/HIP {prov.hip_version}" if prov.hip_version else
-             f"CUDA {prov.cuda_version}" if prov.cuda_version and prov.device != "cpu" else "none (CPU)")
-    shape = f"batch_size={config.batch_size}" + (f", seq_len={config.seq_len}" if config.seq_len else "")
-    if before.samples_per_step:
-        shape += f" (measured {before.samples_per_step:g} samples/step)"
     return AuditReport(
-        workload=before.workload, model=model, unit=before.unit, device=prov.device,
-        torch_version=prov.torch_version, accelerator_version=accel, batch_shape=shape,
+        workload=before.workload, model=model, unit=before.unit, throughput_unit=before.throughput_unit,
+        device=prov.device, torch_version=prov.torch_version, accelerator_version=_accelerator(before),
+        batch_shape=_shape(config, before),
         baseline_throughput=b.median, baseline_spread=b.spread, patched_throughput=p.median,
-        patched_spread=p.spread, repeats=len(b.throughputs), steps=b.metrics.steps,
+        patched_spread=p.spread, baseline_throughputs=list(b.throughputs), patched_throughputs=list(p.throughputs),
+        repeats=len(b.throughputs), steps=b.metrics.steps,
         measured_speedup=p.median / b.median, predicted_low=patch.expected_speedup_low,
-        predicted_high=patch.expected_speedup_high, confidence=patch.confidence, buckets=buckets,
+        predicted_high=patch.expected_speedup_high, confidence=patch.confidence,
+        evidence_coverage=patch.evidence_coverage, rule_consistency=patch.rule_consistency, buckets=buckets,
+        metrics=_side_by_side(before, after),
         before_step_time_s=before.step_time_s, after_step_time_s=after.step_time_s,
-        applied=patch.applied, dropped=patch.dropped, diff=patch.diff, env=patch.env,
+        applied=patch.applied, dropped=patch.dropped, consistency_notes=patch.consistency_notes, diff=patch.diff,
+        target_file=Path(patch.target_file).name if patch.target_file else "", env=patch.env,
         unset_env=patch.unset_env,
-        provenance=f"measured on {prov.device} (host {prov.host}, {prov.cpu_count} cores), torch.profiler for "
-                   "the waste budget, harness clock for throughput",
+        provenance=f"{prov.kind} on {prov.device} (host {prov.host}, {prov.cpu_count} cores), "
+                   f"{prov.profiler or 'torch.profiler'} for the waste budget, harness clock for throughput",
         cache_hits=[lab for lab, r in bench.items() if r.cache_hit],
         warnings=[*before.warnings], created_at=time.strftime("%Y-%m-%d %H:%M:%S"),
     )
 
 
-def plot_report(rep: AuditReport, path: Path) -> Path:
-    """PNG: waste budget before/after (stacked, ms per step) and measured throughput."""
+# --------------------------------------------------------------------------- charts
+
+def _plt():
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4), gridspec_kw={"width_ratios": [3, 2]})
-    colors = {"useful": "#4c9a2a", "data_wait": "#d9534f", "host_gap": "#f0ad4e", "comm_excess": "#5bc0de",
-              "precision_path": "#9b59b6", "kernel_shape": "#7f8c8d"}
+    return plt
+
+
+def _waste_axes(ax, rep: AuditReport) -> None:
     bottoms = [0.0, 0.0]
     for bc in rep.buckets:
         vals = [bc.before_s * 1e3, bc.after_s * 1e3]
-        ax1.bar(["original", "patched"], vals, bottom=bottoms, label=bc.bucket, color=colors.get(bc.bucket))
+        label = bc.bucket + ("" if bc.before_status == "measured" else f" ({bc.before_status})")
+        ax.bar(["original", "patched"], vals, bottom=bottoms, label=label, color=BUCKET_COLORS.get(bc.bucket))
         bottoms = [bottoms[0] + vals[0], bottoms[1] + vals[1]]
-    ax1.set_ylabel("ms per step (measured, torch.profiler)")
-    ax1.set_title("Waste budget per step")
-    ax1.legend(fontsize=8, loc="upper right")
-    ax2.bar(["original", "patched"], [rep.baseline_throughput, rep.patched_throughput],
-            yerr=[[rep.baseline_spread / 2, rep.patched_spread / 2]] * 2, color=["#999999", "#4c9a2a"], capsize=6)
-    ax2.set_ylabel(f"{rep.unit}/s (median of {rep.repeats}, measured)")
-    ax2.set_title(f"Throughput: {rep.measured_speedup:.2f}x measured")
+    ax.set_ylabel("ms per step (measured, profiled)")
+    ax.set_title("Waste budget per step")
+    ax.legend(fontsize=8, loc="upper right")
+
+
+def _throughput_axes(ax, rep: AuditReport) -> None:
+    ax.bar(["original", "patched"], [rep.baseline_throughput, rep.patched_throughput],
+           yerr=[[rep.baseline_spread / 2, rep.patched_spread / 2]] * 2, color=["#999999", "#4c9a2a"], capsize=6)
+    for i, vals in enumerate((rep.baseline_throughputs, rep.patched_throughputs)):
+        ax.scatter([i] * len(vals), vals, color="black", s=12, zorder=3)
+    lo, hi = rep.baseline_throughput * rep.predicted_low, rep.baseline_throughput * rep.predicted_high
+    ax.fill_between([0.6, 1.4], [lo, lo], [hi, hi], color="#4c9a2a", alpha=0.15,
+                    label=f"predicted {rep.predicted_low:.2f}x-{rep.predicted_high:.2f}x")
+    ax.set_ylabel(f"{rep.throughput_unit or rep.unit + '/s'} (median of {rep.repeats}, measured)")
+    ax.set_title(f"Throughput: {rep.measured_speedup:.2f}x measured")
+    ax.legend(fontsize=8, loc="upper left")
+
+
+def _png(draw, rep: AuditReport, size: tuple[float, float]) -> bytes:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=size)
+    draw(ax, rep)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def plot_report(rep: AuditReport, path: Path) -> Path:
+    """PNG: waste budget before/after (stacked, ms per step) and measured throughput, side by side."""
+    plt = _plt()
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4), gridspec_kw={"width_ratios": [3, 2]})
+    _waste_axes(ax1, rep)
+    _throughput_axes(ax2, rep)
     fig.suptitle(f"{rep.workload} on {rep.device}")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -131,23 +266,52 @@ def plot_report(rep: AuditReport, path: Path) -> Path:
     return path
 
 
+# --------------------------------------------------------------------------- markdown
+
 def _fmt_change(v: dict) -> str:
     frm = v.get("from", "unset")
     return f"{'unset' if frm is None else frm} → {'unset' if v.get('to') is None else v.get('to')}"
 
 
+def _num(v, unit: str = "") -> str:
+    if v is None:
+        return "n/a"
+    if isinstance(v, str):
+        return v
+    if unit == "%":
+        return f"{v:.1f} %"
+    if unit == "s":
+        return f"{v * 1e3:.1f} ms"
+    text = f"{v:.3g}" if abs(v) < 10 else f"{v:,.1f}"
+    return f"{text} {unit}".strip() if unit in ("GB",) else text
+
+
+def _unit(rep: AuditReport) -> str:
+    return rep.throughput_unit or f"{rep.unit}/s"
+
+
+def _footer(rep: AuditReport) -> str:
+    return (f"This recommendation holds for: workload `{rep.workload}`, model {rep.model or 'unknown'}, "
+            f"device {rep.device}, accelerator stack {rep.accelerator_version}, torch {rep.torch_version}, "
+            f"{rep.batch_shape}. Numbers: {rep.provenance}. Generated {rep.created_at}.")
+
+
 def render_markdown(rep: AuditReport, chart_name: str | None = None) -> str:
     """The report as GitHub-flavoured markdown (renders in Dagster's metadata view)."""
-    u = rep.unit
+    u = _unit(rep)
     out = [f"# Goblin audit: {rep.workload}", ""]
     out += [f"**Measured speedup: {rep.measured_speedup:.2f}x** ({rep.baseline_throughput:.1f} → "
-            f"{rep.patched_throughput:.1f} {u}/s, median of {rep.repeats} alternating repeats of "
+            f"{rep.patched_throughput:.1f} {u}, median of {rep.repeats} alternating repeats of "
             f"{rep.steps} steps each, no profiler on timed steps). "
             f"Predicted {rep.predicted_low:.2f}x–{rep.predicted_high:.2f}x (modelled from the waste budget), "
-            f"confidence {rep.confidence:.2f}.", ""]
+            f"confidence {rep.confidence:.2f} (evidence coverage {rep.evidence_coverage:.2f} × rule consistency "
+            f"{rep.rule_consistency:.2f}).", ""]
+    if rep.unit == "tokens":
+        out += ["Throughput counts real (non-padding) tokens: a patch that removes padding computes fewer "
+                "positions per step, so tokens/s with the pad included would understate its gain.", ""]
     if chart_name:
         out += [f"![waste budget and throughput]({chart_name})", ""]
-    out += ["## Throughput (measured)", "", f"| run | {u}/s (median) | spread (max−min) | step time (profiled) |",
+    out += ["## Throughput (measured)", "", f"| run | {u} (median) | spread (max−min) | step time (profiled) |",
             "|---|---|---|---|",
             f"| original | {rep.baseline_throughput:.1f} | {rep.baseline_spread:.1f} | "
             f"{(rep.before_step_time_s or 0) * 1e3:.1f} ms |",
@@ -156,7 +320,11 @@ def render_markdown(rep: AuditReport, chart_name: str | None = None) -> str:
     if rep.cache_hits:
         out += [f"Replayed from the benchmark cache (measured earlier, same config, script, image tag and runner "
                 f"code): {', '.join(rep.cache_hits)}.", ""]
-    out += ["## Waste budget per step (measured with torch.profiler)", "",
+    if rep.metrics:
+        out += ["## Side by side (profiled runs)", "", "| metric | original | patched |", "|---|---|---|"]
+        out += [f"| {r.metric} | {_num(r.before, r.unit)} | {_num(r.after, r.unit)} |" for r in rep.metrics]
+        out.append("")
+    out += ["## Waste budget per step (measured with the profiler)", "",
             "| bucket | original | share | patched | share | status |", "|---|---|---|---|---|---|"]
     for bc in rep.buckets:
         status = bc.before_status if bc.before_status == bc.after_status else f"{bc.before_status} / {bc.after_status}"
@@ -167,9 +335,12 @@ def render_markdown(rep: AuditReport, chart_name: str | None = None) -> str:
         out.append("No rule fired: nothing to patch.")
     for a in rep.applied:
         changes = ", ".join(f"`{k}` {_fmt_change(v)}" for k, v in a.changes.items())
-        out += [f"- **{a.rule_id}** ({a.category}, targets `{a.targets_bucket}`): {changes}.",
+        out += [f"- **{a.rule_id}** ({a.category}, targets `{a.targets_bucket}`, predicted "
+                f"{a.predicted_recovery:.0%} of the step): {changes}.",
                 f"  {a.rationale}",
                 f"  Source: [{a.citation.title}]({a.citation.url}), {a.citation.section}."]
+    if rep.consistency_notes:
+        out += ["", "How the rules were combined:", *[f"- {n}" for n in rep.consistency_notes]]
     if rep.dropped:
         out += ["", "Not applied:", *[f"- {d}" for d in rep.dropped]]
     if rep.env or rep.unset_env:
@@ -179,16 +350,145 @@ def render_markdown(rep: AuditReport, chart_name: str | None = None) -> str:
             "Apply it in the workload folder with `git apply` or `patch -p1`.", ""]
     if rep.warnings:
         out += ["## Notes", "", *[f"- {w}" for w in rep.warnings], ""]
-    out += ["---", f"This recommendation holds for: workload `{rep.workload}`, model {rep.model or 'unknown'}, "
-            f"device {rep.device}, accelerator stack {rep.accelerator_version}, torch {rep.torch_version}, "
-            f"{rep.batch_shape}. Numbers: {rep.provenance}. Generated {rep.created_at}."]
+    out += ["---", _footer(rep)]
     return "\n".join(out) + "\n"
 
 
+# --------------------------------------------------------------------------- HTML
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;max-width:1100px;margin:2em auto;
+padding:0 1em;color:#222;line-height:1.45}
+h1{font-size:1.6em;margin-bottom:.2em}h2{font-size:1.2em;border-bottom:1px solid #ddd;padding-bottom:.2em;
+margin-top:1.6em}
+.headline{font-size:1.15em;background:#f3f8ef;border-left:4px solid #4c9a2a;padding:.6em 1em}
+table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ddd;padding:.3em .6em;text-align:right}
+th{background:#f6f6f6}td:first-child,th:first-child{text-align:left}
+.charts{display:flex;flex-wrap:wrap;gap:1em}.charts figure{margin:0}.charts img{max-width:100%;
+border:1px solid #eee}
+pre.diff{background:#fafafa;border:1px solid #ddd;padding:.6em;overflow-x:auto;font-size:.85em}
+pre.diff .add{color:#1a7f37;background:#e6ffec;display:block}pre.diff .del{color:#cf222e;background:#ffebe9;
+display:block}pre.diff .hunk{color:#8250df;display:block}
+.rule{border:1px solid #e3e3e3;border-radius:4px;padding:.5em .8em;margin:.6em 0}.rule .id{font-weight:600}
+.muted{color:#666;font-size:.9em}footer{margin-top:2em;border-top:1px solid #ddd;padding-top:.6em}
+footer table td{text-align:left}code{background:#f3f3f3;padding:0 .2em}
+"""
+
+
+def _e(x) -> str:
+    return html.escape("" if x is None else str(x))
+
+
+def _img(png: bytes, alt: str) -> str:
+    return f'<img alt="{_e(alt)}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
+
+
+def _diff_html(diff: str) -> str:
+    if not diff.strip():
+        return '<p class="muted">No change to the file.</p>'
+    lines = []
+    for ln in diff.rstrip("\n").split("\n"):
+        cls = ("hunk" if ln.startswith("@@") else "add" if ln.startswith("+") and not ln.startswith("+++")
+               else "del" if ln.startswith("-") and not ln.startswith("---") else "")
+        lines.append(f'<span class="{cls}">{_e(ln)}</span>' if cls else _e(ln))
+    return '<pre class="diff">' + "\n".join(lines) + "</pre>"
+
+
+def render_html(rep: AuditReport) -> str:
+    """The report as one self-contained HTML page (charts embedded as base64 PNG, no external assets).
+
+    Sections: the headline (measured vs predicted speedup, confidence), the
+    waste-budget chart (before vs after, stacked by bucket) and the
+    throughput chart, the side-by-side metrics, the waste budget table, each
+    applied rule with its citation, rules not applied and why, how rules on
+    the same bucket were combined, the diff of the user's file, notes, and
+    the footer tuple (workload, model, device, ROCm/CUDA version, torch
+    version, batch/sequence shape).
+    """
+    u = _unit(rep)
+    waste_png = _png(_waste_axes, rep, (6, 4))
+    tput_png = _png(_throughput_axes, rep, (5, 4))
+    parts = [
+        "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>Goblin audit: {_e(rep.workload)}</title><style>{_CSS}</style></head><body>",
+        f"<h1>Goblin audit: {_e(rep.workload)}</h1>",
+        f'<p class="muted">{_e(rep.model)} · {_e(rep.device)} · generated {_e(rep.created_at)}</p>',
+        f'<p class="headline"><b>Measured speedup {rep.measured_speedup:.2f}x</b> '
+        f"({rep.baseline_throughput:,.1f} → {rep.patched_throughput:,.1f} {_e(u)}, median of {rep.repeats} "
+        f"alternating repeats of {rep.steps} steps, no profiler on timed steps). Predicted "
+        f"{rep.predicted_low:.2f}x–{rep.predicted_high:.2f}x from the waste budget; confidence "
+        f"{rep.confidence:.2f} = evidence coverage {rep.evidence_coverage:.2f} × rule consistency "
+        f"{rep.rule_consistency:.2f}.</p>",
+    ]
+    if rep.unit == "tokens":
+        parts.append('<p class="muted">Throughput counts real (non-padding) tokens: a patch that removes padding '
+                     "computes fewer positions per step, so tokens/s with the pad included would understate it.</p>")
+    if rep.cache_hits:
+        parts.append(f'<p class="muted">Replayed from the benchmark cache (measured earlier with the same config, '
+                     f"script, image and runner code): {_e(', '.join(rep.cache_hits))}.</p>")
+    parts += ['<div class="charts">',
+              f"<figure>{_img(waste_png, 'waste budget per step, original vs patched, stacked by bucket')}"
+              "<figcaption class=\"muted\">Waste budget per step (ms), stacked by bucket.</figcaption></figure>",
+              f"<figure>{_img(tput_png, 'measured throughput, original vs patched')}"
+              f"<figcaption class=\"muted\">Throughput ({_e(u)}); dots are the repeats, the band the prediction."
+              "</figcaption></figure>", "</div>"]
+    parts += ["<h2>Side by side (profiled runs)</h2>", "<table><tr><th>metric</th><th>original</th>"
+              "<th>patched</th></tr>"]
+    parts += [f"<tr><td>{_e(r.metric)}</td><td>{_e(_num(r.before, r.unit))}</td><td>{_e(_num(r.after, r.unit))}"
+              "</td></tr>" for r in rep.metrics]
+    parts += ["</table>", "<h2>Waste budget per step</h2>",
+              "<table><tr><th>bucket</th><th>original</th><th>share</th><th>patched</th><th>share</th>"
+              "<th>status</th></tr>"]
+    for bc in rep.buckets:
+        status = bc.before_status if bc.before_status == bc.after_status else f"{bc.before_status} / {bc.after_status}"
+        parts.append(f"<tr><td>{_e(bc.bucket)}</td><td>{bc.before_s * 1e3:.2f} ms</td><td>{bc.before_share:.0%}</td>"
+                     f"<td>{bc.after_s * 1e3:.2f} ms</td><td>{bc.after_share:.0%}</td><td>{_e(status)}</td></tr>")
+    parts += ["</table>", "<h2>Applied rules</h2>"]
+    if not rep.applied:
+        parts.append("<p>No rule fired: nothing to patch.</p>")
+    for a in rep.applied:
+        changes = ", ".join(f"<code>{_e(k)}</code> {_e(_fmt_change(v))}" for k, v in a.changes.items())
+        parts.append(
+            f'<div class="rule"><span class="id">{_e(a.rule_id)}</span> <span class="muted">({_e(a.category)}, '
+            f"targets <code>{_e(a.targets_bucket)}</code>, predicted {a.predicted_recovery:.0%} of the step)</span>"
+            f"<br>{changes}<br>{_e(a.rationale)}<br><span class=\"muted\">Source: "
+            f'<a href="{_e(a.citation.url)}">{_e(a.citation.title)}</a>, {_e(a.citation.section)}</span></div>')
+    if rep.consistency_notes:
+        parts += ["<p><b>How the rules were combined</b></p><ul>",
+                  *[f"<li>{_e(n)}</li>" for n in rep.consistency_notes], "</ul>"]
+    if rep.dropped:
+        parts += ["<p><b>Not applied</b></p><ul>", *[f"<li>{_e(d)}</li>" for d in rep.dropped], "</ul>"]
+    if rep.env or rep.unset_env:
+        env = [f"export {k}={v}" for k, v in rep.env.items()] + [f"unset {k}" for k in rep.unset_env]
+        parts += ["<p><b>Environment for the patched run</b></p>", f'<pre class="diff">{_e(chr(10).join(env))}</pre>']
+    parts += [f"<h2>Patch to your file{' (' + _e(rep.target_file) + ')' if rep.target_file else ''}</h2>",
+              _diff_html(rep.diff),
+              '<p class="muted">Apply it in the workload folder with <code>git apply</code> or '
+              "<code>patch -p1</code>.</p>"]
+    if rep.warnings:
+        parts += ["<h2>Notes</h2><ul>", *[f"<li>{_e(w)}</li>" for w in rep.warnings], "</ul>"]
+    footer = [("workload", rep.workload), ("model", rep.model or "unknown"), ("device", rep.device),
+              ("ROCm/CUDA", rep.accelerator_version), ("torch", rep.torch_version),
+              ("batch/sequence shape", rep.batch_shape), ("numbers", rep.provenance)]
+    parts += ["<footer><p><b>This recommendation holds for</b></p><table>",
+              *[f"<tr><td>{_e(k)}</td><td>{_e(v)}</td></tr>" for k, v in footer], "</table></footer>",
+              "</body></html>"]
+    return "\n".join(parts) + "\n"
+
+
+def write_html(rep: AuditReport, path: Path) -> Path:
+    """Write :func:`render_html` to ``path`` (parents created); return ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render_html(rep), encoding="utf-8")
+    return path
+
+
 def write_report(rep: AuditReport, out_dir: Path) -> Path:
-    """Write ``report.md`` and ``report.png`` into ``out_dir``; return the markdown path."""
+    """Write ``report.md``, ``report.png`` and ``report.html`` into ``out_dir``; return the markdown path."""
     out_dir.mkdir(parents=True, exist_ok=True)
     chart = plot_report(rep, out_dir / "report.png")
+    write_html(rep, out_dir / "report.html")
     md = out_dir / "report.md"
     md.write_text(render_markdown(rep, chart.name), encoding="utf-8")
     return md

@@ -9,7 +9,7 @@ import pandas as pd
 from dagster_duckdb import DuckDBResource
 from dagster_pandera import pandera_schema_to_dagster_type
 
-from goblin_assets import REPO_ROOT, goblin_home
+from goblin_assets import goblin_home, workloads_root
 from goblin_assets.audit import pipeline as stages
 from goblin_assets.audit import retrieval
 from goblin_assets.audit.kb import KnowledgeBase, load_kb
@@ -59,7 +59,7 @@ def _write(duckdb: DuckDBResource, frames: dict[str, pd.DataFrame]) -> dict[str,
 @dg.asset(group_name="configs", **_KW)
 def workload_source(context: dg.AssetExecutionContext) -> Workload:
     """The workload folder of this partition (`workloads/<name>/workload.yaml` and its entry script)."""
-    wl = load_workload(REPO_ROOT / "workloads" / context.partition_key)
+    wl = load_workload(workloads_root() / context.partition_key)
     context.add_output_metadata({"entry": dg.MetadataValue.path(str(wl.script)), "unit": wl.unit,
                                  "script_sha256": wl.script_hash()})
     return wl
@@ -82,7 +82,8 @@ def training_config(context: dg.AssetExecutionContext, workload_source: Workload
 def profile_run(context: dg.AssetExecutionContext, workload_source: Workload, runner: RunnerResource,
                 duckdb: DuckDBResource) -> RunMetrics:
     """A few steps of the workload under torch.profiler in a child process: RunMetrics and a Chrome trace."""
-    m = stages.profile(workload_source, runner.get_runner(), runner.profiled_steps, label="profile")
+    m = stages.profile(workload_source, runner.get_runner(), runner.profiled_steps, label="profile",
+                       warmup=runner.warmup_steps)
     run_id = f"{_audit_id(context)}-profile"
     meta = _write(duckdb, {"runs": F.runs_frame(m, run_id, "profile"), "kernels": F.kernels_frame(m, run_id)})
     context.add_output_metadata({**meta, "trace": dg.MetadataValue.path(m.trace_path or ""),
@@ -194,7 +195,8 @@ def benchmarks(context: dg.AssetExecutionContext, workload_source: Workload, tra
     r = runner.get_runner()
     bench = stages.benchmarks(workload_source, r, training_config, patch, runner.bench_steps, runner.bench_repeats,
                               log=context.log.info)
-    after = stages.profile(workload_source, r, runner.profiled_steps, p=patch, label="patched")
+    after = stages.profile(workload_source, r, runner.profiled_steps, p=patch, label="patched",
+                           warmup=runner.warmup_steps)
     aid = _audit_id(context)
     meta = _write(duckdb, {
         "benchmarks": F.bench_frame(bench, aid, context.partition_key),

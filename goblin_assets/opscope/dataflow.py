@@ -376,7 +376,8 @@ def flow(g: OpGraph, max_depth: int = 32, seed_depths: Sequence[int] = (1, 2, 3,
     over a concatenation of units), ties broken by size and then by the later
     root.  A class whose nodes lie inside a higher-ranked top-level class is
     reported as ``within`` it (every instance inside one instance of the
-    parent) only when it matches a named template (one per parent and name);
+    parent) only when it matches a named template other than the parent's
+    (one per parent and name);
     a class overlapping a higher-ranked one by half or more
     of its nodes is a shifted copy and dropped.
 
@@ -429,13 +430,14 @@ def flow(g: OpGraph, max_depth: int = 32, seed_depths: Sequence[int] = (1, 2, 3,
                        if all(any(inst <= p for p in t["instances"]) for inst in c["instances"])), None)
         if parent is not None:
             same_cone = all(inst in top_level[parent]["instances"] for inst in c["instances"])
-            if same_cone or names[0] == "repeated_subgraph" or (parent, names[0]) in named_within:
+            if same_cone or names[0] in ("repeated_subgraph", top_level[parent]["name"]) \
+                    or (parent, names[0]) in named_within:
                 continue
             named_within.add((parent, names[0]))
         elif any(len(c["nodes"] & t["nodes"]) * 2 >= len(c["nodes"]) for t in top_level):
             continue
         else:
-            top_level.append(c)
+            top_level.append({**c, "name": names[0]})
         rows.append({"cone_id": f"cone{len(rows)}", "name": names[0], "names": names, "count": c["count"],
                      "size": c["size"], "score": c["score"], "depth": c["depth"], "root_kind": c["kinds"][0],
                      "roots": c["roots"], "ops": c["kinds"],

@@ -19,9 +19,10 @@ Routing (per top-k site): per-expert load share; experts under 2% are
 ``cold_expert`` (drop/offload), experts above twice the uniform share are
 ``hot_expert`` (keep resident / prefetch).
 
-When no recorded ``probs`` rows exist, :func:`record_minilm_attention` computes
-the same statistics on the packaged all-MiniLM-L6-v2 with eager attention on
-real English text (standard-library docstrings), so the verb still has real data.
+When no recorded ``probs`` rows exist, :func:`record_minilm_attention` taps the
+packaged all-MiniLM-L6-v2 (eager attention) on real English text
+(standard-library docstrings) with the recording side's
+:func:`~goblin_assets.opscope.inject.inject_infer_stats`, so the verb still has real data.
 """
 from __future__ import annotations
 
@@ -52,10 +53,11 @@ COLD_SHARE = 0.02
 HOT_FACTOR = 2.0
 
 #: Stat names understood for each quantity, first found wins.
-PROBS_PEAK_HIST = ("peak_hist", "q_peak_hist")          # histogram of per-query peaks over [0, 1]
-PROBS_PEAK = ("q_peak", "peak", "query_peak", "peak_prob", "row_max")  # per-query peaks (idx = query)
-PROBS_MASS = ("k_mass", "key_mass", "recv_mass", "received_mass", "col_sum", "mass")  # per-key mass (idx = key)
-ROUTE_LOAD = ("load", "expert_load", "route_load", "counts", "count")  # per-expert load (idx = expert)
+#: The recording side's names (:mod:`goblin_assets.opscope.sketches`) come first.
+PROBS_PEAK_HIST = ("peak_hist",)                         # histogram of per-query peaks over [0, 1]
+PROBS_PEAK = ("peak_prob", "q_peak", "peak")             # per-query peak probability (idx = query)
+PROBS_MASS = ("key_mass", "k_mass", "mass")              # per-key received mass (idx = key)
+ROUTE_LOAD = ("expert_load", "load", "counts")           # per-expert load (idx = expert)
 
 
 def _vector(g: pd.DataFrame, names: Sequence[str]) -> tuple[str | None, np.ndarray | None]:
@@ -136,6 +138,11 @@ def routing_findings(g: pd.DataFrame, run_id: str, workload: str, site: str) -> 
     return out
 
 
+def _module(site: str) -> str:
+    """The module part of a site name (``blocks.0:softmax_0`` -> ``blocks.0``)."""
+    return site.split(":", 1)[0]
+
+
 def infer_dynamics(sketches: pd.DataFrame) -> pd.DataFrame:
     """Findings (``patterns`` rows) from the ``probs`` and ``route`` rows of a sketches frame.
 
@@ -150,10 +157,16 @@ def infer_dynamics(sketches: pd.DataFrame) -> pd.DataFrame:
         share of queries whose peak probability > 0.3), ``attention_sink``
         (score: first-token mass share), ``cold_expert`` / ``hot_expert`` /
         ``balanced_experts``, and ``not_observable`` where a needed stat is absent.
+        A softmax in the same module as a top-k router and over as many
+        entries as it has experts is the router's, not attention, and is skipped.
     """
     rows: list[dict] = []
     sub = sketches[sketches["role"].isin(["probs", "route"])]
+    routers = {(r, _module(s), int(n)) for r, s, n in
+               sub[sub["role"] == "route"][["run_id", "site", "N"]].drop_duplicates().itertuples(index=False)}
     for (run_id, workload, site, role), g in sub.groupby(["run_id", "workload", "site", "role"], sort=False):
+        if role == "probs" and (run_id, _module(site), int(g["K"].iloc[0])) in routers:
+            continue  # a router's softmax over experts, not attention: its routing finding says it all
         fn = attention_findings if role == "probs" else routing_findings
         rows += fn(g, run_id, workload, site)
     return pd.DataFrame(rows, columns=columns("patterns"))
@@ -199,58 +212,53 @@ def stdlib_texts(n: int = 16) -> list[str]:
     return texts
 
 
-def attention_sketch(probs: torch.Tensor, key_mask: torch.Tensor | None = None, bins: int = 20) -> dict[str, torch.Tensor]:
-    """Per-query peak histogram and per-key received mass of softmax probabilities.
+def minilm_batches(texts: Sequence[str] | None = None, max_length: int = 32, batch: int = 8,
+                   steps: int = 2) -> list[dict]:
+    """``steps`` tokenised batches of real text for MiniLM, with no padding position.
+
+    Only texts with at least ``max_length`` tokens are used (truncated to it),
+    so every query and key is a real token; the default pool is the
+    standard-library docstrings of :func:`stdlib_texts`.
 
     Shapes
     ------
-    probs : ``(B, H, Q, K)`` rows summing to 1; key_mask : ``(B, K)`` (1 = real
-    token) — queries at padded positions are excluded.
-    Returns ``peak_hist`` ``(bins,)`` (count of (b, h, q) query rows per peak
-    bin over [0, 1]) and ``k_mass`` ``(K,)`` (mass received per key position,
-    summed over batch, heads and real queries, divided by their count).
+    each batch: ``input_ids`` and ``attention_mask`` of ``(batch, max_length)``.
     """
-    B, H, Q, K = probs.shape
-    peak = probs.amax(-1)                                        # (B, H, Q)
-    qmask = (key_mask[:, None, :Q].expand(B, H, Q).bool() if key_mask is not None
-             else torch.ones(B, H, Q, dtype=torch.bool, device=probs.device))
-    hist = torch.histc(peak[qmask].float(), bins=bins, min=0.0, max=1.0)
-    mass = (probs * qmask[..., None]).sum((0, 1, 2)) / qmask.sum().clamp_min(1)
-    return {"peak_hist": hist, "k_mass": mass}
+    _, tok = load_minilm("eager")
+    pool = list(texts or stdlib_texts(200))
+    long = [t for t in pool if len(tok(t, truncation=True, max_length=max_length)["input_ids"]) >= max_length]
+    need = batch * steps
+    if len(long) < need:
+        long = (long or pool) * (need // max(len(long or pool), 1) + 1)
+    return [dict(tok(long[i * batch:(i + 1) * batch], return_tensors="pt", padding="max_length", truncation=True,
+                     max_length=max_length)) for i in range(steps)]
 
 
-def record_minilm_attention(texts: Sequence[str] | None = None, max_length: int = 64, run_id: str = "minilm-infer",
-                            steps: int = 1) -> pd.DataFrame:
+def record_minilm_attention(texts: Sequence[str] | None = None, max_length: int = 32, batch: int = 8,
+                            steps: int = 2, run_id: str = "minilm-infer") -> pd.DataFrame:
     """Softmax sketches of the packaged MiniLM on real text, as tidy ``probs`` rows (one site per layer).
 
-    Each step feeds the next batch of texts; rows follow the ``sketches``
-    table (``dist`` ``"text"``, M/K/N = queries/keys/heads of the layer's softmax).
-    """
-    model, tok = load_minilm("eager")
-    texts = list(texts or stdlib_texts(16 * steps))
-    per = max(1, len(texts) // steps)
-    rows = []
-    for step in range(steps):
-        batch = texts[step * per:(step + 1) * per] or texts[:per]
-        enc = tok(batch, return_tensors="pt", padding=True, truncation=True, max_length=max_length)
-        with torch.no_grad():
-            out = model(**enc, output_attentions=True)
-        for li, p in enumerate(out.attentions):
-            sk = attention_sketch(p, enc["attention_mask"])
-            B, H, Q, K = p.shape
-            for stat, vec in sk.items():
-                for i, v in enumerate(vec.tolist()):
-                    rows.append({"run_id": run_id, "workload": "minilm", "model": "all-MiniLM-L6-v2", "step": step,
-                                 "backend": "cpu", "dist": "text", "M": Q, "K": K, "N": H, "numel": p.numel(),
-                                 "site": f"softmax_{li}", "role": "probs", "stat": stat, "idx": i, "value": float(v)})
-    return pd.DataFrame(rows, columns=columns("sketches"))
+    The model is loaded with eager attention and tapped with
+    :func:`goblin_assets.opscope.inject.inject_infer_stats`; each step feeds one
+    batch of :func:`minilm_batches`.  Rows follow the ``sketches`` table
+    (``dist`` ``"text"``).
 
-
-def route_sketch(topk_idx: torch.Tensor, n_experts: int) -> dict[str, torch.Tensor]:
-    """Per-expert load of a top-k router: how many (token, slot) pairs chose each expert.
-
-    Shapes
+    Raises
     ------
-    topk_idx : ``(tokens, k)`` integer expert ids -> ``load`` ``(n_experts,)`` float counts.
+    goblin_assets.opscope.inject.InjectionError
+        The graph could not be captured or the correctness gate failed.
     """
-    return {"load": torch.bincount(topk_idx.reshape(-1), minlength=n_experts).float()}
+    from goblin_assets.opscope.inject import Recorder, inject_infer_stats
+
+    model, _ = load_minilm("eager")
+    encs = minilm_batches(texts, max_length, batch, steps)
+    inj = inject_infer_stats(model, (encs[0]["input_ids"],), {"attention_mask": encs[0]["attention_mask"]})
+    rec = Recorder(inj)
+    frames = []
+    with torch.no_grad():
+        for enc in encs:
+            rec(enc["input_ids"], attention_mask=enc["attention_mask"])
+            frames.append(rec.flush())
+    df = pd.concat(frames, ignore_index=True)
+    df = df.assign(run_id=run_id, workload="minilm", model="all-MiniLM-L6-v2", backend="cpu", dist="text")
+    return df[columns("sketches")]

@@ -190,30 +190,35 @@ class InjectedModel:
         ------
         InjectionError
             An output differs (``torch.testing.assert_close``), an output is
-            missing, or the packed vector does not have the recorded length.
+            missing, the injected graph raised, or the packed vector does not
+            have the recorded length.
         """
+        name = type(reference).__name__
         with torch.no_grad():
             ref = [t for t in pytree.tree_leaves(reference(*args, **kwargs)) if isinstance(t, torch.Tensor)]
-            out = self.module(*args, **kwargs)
+            try:
+                out = self.module(*args, **kwargs)
+            except Exception as exc:  # whatever the inserted nodes raise: a typed, one-line error
+                raise InjectionError(f"{name}: correctness gate: the injected graph failed to run: "
+                                     f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}") from None
         own = [t for t in out[:-1] if isinstance(t, torch.Tensor)]
-        name = type(self.plain).__name__
         if not ref or not own:
             raise InjectionError(f"{name}: no tensor output to compare; the gate cannot run")
-        if int(out[-1].numel()) != self.packed_length:
-            raise InjectionError(f"{name}: packed sketches have {out[-1].numel()} values, "
-                                 f"layout expects {self.packed_length}")
         pairs = list(zip(ref, own)) if len(ref) == len(own) else [(ref[0], own[0])]
         worst = 0.0
         for i, (a, b) in enumerate(pairs):
             try:
                 torch.testing.assert_close(b, a)
             except AssertionError as exc:
-                first = str(exc).strip().splitlines()[0]
+                first = " ".join(ln.strip() for ln in str(exc).strip().splitlines()[:4] if ln.strip())
                 raise InjectionError(f"{name}: correctness gate failed: injected output {i} differs from the "
                                      f"model's own ({len(self.taps)} taps, frontend {self.frontend}): "
                                      f"{first}") from None
             if a.numel():
                 worst = max(worst, float((a.double() - b.double()).abs().max()))
+        if int(out[-1].numel()) != self.packed_length:
+            raise InjectionError(f"{name}: packed sketches have {out[-1].numel()} values, "
+                                 f"layout expects {self.packed_length}")
         return Gate(True, len(pairs), worst)
 
 

@@ -317,7 +317,7 @@ def minilm_tensors(texts: list[str] | None = None, layers: tuple[int, ...] = (0,
     ------
     weights ``(out, in)``; activations ``(tokens, features)`` (padding removed).
     """
-    from goblin_assets.opscope.dataflow import load_minilm, stdlib_texts
+    from goblin_assets.opscope.infer import load_minilm, stdlib_texts
 
     model, tok = load_minilm()
     texts = texts or stdlib_texts(16)

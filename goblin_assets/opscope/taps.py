@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from goblin_assets.opscope.sketches import SCALAR_STATS, scalar_sketch
+from goblin_assets.opscope.sketches import ROW_SAMPLE, SCALAR_STATS, sketch_layout, sketch_vector
 
 aten = torch.ops.aten
 
@@ -39,16 +39,24 @@ def _mkn(lhs: torch.Tensor, rhs: torch.Tensor) -> tuple[int, int, int]:
 
 
 class MatmulTap(TorchDispatchMode):
-    """Record scalar sketches of every forward matmul; rows per step after :meth:`flush`.
+    """Record sketches of every forward matmul; rows per step after :meth:`flush`.
 
-    ``rows`` is a list of dicts with keys step, site, role (lhs|rhs|out), stat,
-    idx, value, M, K, N, numel: the tidy schema of DESIGN.md minus run columns.
+    ``stats``: names from :data:`goblin_assets.opscope.sketches.STATS`, by
+    default the six scalars (what the audit's ``tensor_sketches`` records);
+    :data:`~goblin_assets.opscope.sketches.FIXED_STATS` adds the 32-bin
+    histogram, kurtosis, chan_outlier and 16 sampled elements at a fixed
+    number of values per tensor, which keeps the rows a child process ships
+    back (as JSON) small.  ``rows`` is a list of dicts with keys step, site, role
+    (lhs|rhs|out), stat, idx, value, M, K, N, numel: the tidy schema of
+    DESIGN.md minus run columns (vector stats use ``idx``, scalars idx 0).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, stats: tuple[str, ...] = SCALAR_STATS, row_sample: int | None = ROW_SAMPLE) -> None:
         super().__init__()
+        self.stats = tuple(stats)
+        self.row_sample = row_sample
         self.rows: list[dict] = []
-        self._pending: list[tuple[str, str, tuple[int, int, int], int, torch.Tensor]] = []
+        self._pending: list[tuple[str, str, tuple[int, int, int], tuple[int, ...], torch.Tensor]] = []
         self._module_names: dict[int, str] = {}
         self._per_class: dict[str, int] = {}
         self._current: str | None = None
@@ -87,7 +95,8 @@ class MatmulTap(TorchDispatchMode):
             site = base if k == 0 else f"{base}#{k}"
             mkn = _mkn(lhs, rhs)
             for role, t in (("lhs", lhs), ("rhs", rhs), ("out", out)):
-                self._pending.append((site, role, mkn, t.numel(), scalar_sketch(t)))
+                self._pending.append((site, role, mkn, tuple(t.shape),
+                                      sketch_vector(t, self.stats, self.row_sample)))
         return out
 
     def flush(self, step: int) -> None:
@@ -95,9 +104,13 @@ class MatmulTap(TorchDispatchMode):
         self._seen_in_step.clear()
         if not self._pending:
             return
-        values = torch.stack([p[4] for p in self._pending]).cpu().tolist()
-        for (site, role, (m, k, n), numel, _), vals in zip(self._pending, values):
-            for stat, v in zip(SCALAR_STATS, vals):
-                self.rows.append({"step": step, "site": site, "role": role, "stat": stat, "idx": 0,
-                                  "value": float(v), "M": m, "K": k, "N": n, "numel": numel})
+        values = torch.cat([p[4] for p in self._pending]).cpu().tolist()
+        pos = 0
+        for site, role, (m, k, n), shape, _ in self._pending:
+            numel = int(torch.Size(shape).numel())
+            for stat, idx in sketch_layout(shape, self.stats, self.row_sample):
+                for i in idx.tolist():
+                    self.rows.append({"step": step, "site": site, "role": role, "stat": stat, "idx": i,
+                                      "value": float(values[pos]), "M": m, "K": k, "N": n, "numel": numel})
+                    pos += 1
         self._pending.clear()

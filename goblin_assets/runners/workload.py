@@ -22,7 +22,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from goblin_assets import REPO_ROOT
+from goblin_assets import workloads_root
 from goblin_assets.errors import WorkloadError
 
 
@@ -90,6 +90,6 @@ def load_workload(path: str | Path) -> Workload:
 
 
 def list_workloads(root: Path | None = None) -> list[Path]:
-    """Folders under ``workloads/`` that hold a ``workload.yaml`` (sorted)."""
-    base = root or (REPO_ROOT / "workloads")
+    """Folders under the workloads root (``$GOBLIN_WORKLOADS`` or ``workloads/``) with a ``workload.yaml``."""
+    base = root or workloads_root()
     return sorted(p.parent for p in base.glob("*/workload.yaml"))

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,22 +16,40 @@ from goblin_assets.errors import WarehouseError
 from goblin_assets.warehouse.tables import TABLES, columns, ddl, schema
 
 
+#: How long to wait for another process's write lock on the DuckDB file (seconds).
+LOCK_WAIT_S = 120.0
+
+
 @contextlib.contextmanager
 def connect(path: str | Path | None = None, read_only: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
     """Open the warehouse (default ``$GOBLIN_HOME/warehouse.duckdb``) and create missing tables.
 
+    Waits up to :data:`LOCK_WAIT_S` seconds while another process holds
+    DuckDB's write lock.
+
     Raises
     ------
     WarehouseError
-        The file cannot be opened (another process holds DuckDB's write lock,
-        or it is not a DuckDB database).
+        The file cannot be opened (the lock was held longer than that, or it is
+        not a DuckDB database).
     """
     p = Path(path) if path else warehouse_path()
     p.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        con = duckdb.connect(str(p), read_only=read_only and p.exists())
-    except duckdb.Error as exc:
-        raise WarehouseError(f"{p}: cannot open the warehouse: {exc}") from None
+    deadline = time.monotonic() + LOCK_WAIT_S
+    delay = 0.05
+    while True:
+        try:
+            con = duckdb.connect(str(p), read_only=read_only and p.exists())
+            break
+        except duckdb.IOException as exc:
+            # DuckDB allows one read-write process per file: wait for the other writer
+            # (https://duckdb.org/docs/stable/connect/concurrency), then give up clearly.
+            if "lock" not in str(exc).lower() or time.monotonic() > deadline:
+                raise WarehouseError(f"{p}: cannot open the warehouse: {exc}") from None
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+        except duckdb.Error as exc:
+            raise WarehouseError(f"{p}: cannot open the warehouse: {exc}") from None
     try:
         if not read_only:
             ensure_tables(con)

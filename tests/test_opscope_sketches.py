@@ -1,0 +1,135 @@
+"""The sketch set: definitions on small known tensors, layouts, sampling error bounds, inference sketches."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from goblin_assets.opscope.drivers import DISTRIBUTIONS, draw
+from goblin_assets.opscope.sketches import (
+    HIST_BINS, SCALAR_STATS, SHAPE_SAMPLE, STATS, SketchError, probs_layout, probs_vector, route_vector,
+    scalar_sketch, shape_sample, sketch_layout, sketch_length, sketch_vector,
+)
+
+
+def stats_of(x: torch.Tensor, row_sample=None, stats=STATS) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """stat -> (idx, values) through the public layout."""
+    v = sketch_vector(x, stats, row_sample).numpy()
+    out, pos = {}, 0
+    for s, idx in sketch_layout(x.shape, stats, row_sample):
+        out[s] = (idx, v[pos:pos + len(idx)])
+        pos += len(idx)
+    assert pos == len(v) == sketch_length(x.shape, stats, row_sample)
+    return out
+
+
+def test_scalar_sketch_is_unchanged():
+    x = torch.tensor([[0.0, -2.0], [3.0, 0.0]])
+    assert dict(zip(SCALAR_STATS, scalar_sketch(x).tolist())) == {
+        "min": -2.0, "max": 3.0, "mean": 0.25, "l1": 5.0, "sumsq": 13.0, "nnz": 2.0}
+    assert scalar_sketch(x).dtype == torch.float32
+
+
+def test_every_stat_on_a_known_2x2_tensor():
+    x = torch.tensor([[0.0, -2.0], [3.0, 0.0]])
+    s = stats_of(x)
+    scal = {k: float(v[1][0]) for k, v in s.items() if len(v[1]) == 1 and k not in ("adj_sumsq",)}
+    flat = np.array([0.0, -2.0, 3.0, 0.0])
+    d = flat - flat.mean()
+    assert scal["kurtosis"] == pytest.approx(np.mean(d ** 4) / np.mean(d ** 2) ** 2)
+    assert scal["chan_outlier"] == pytest.approx(3.0 / 2.5)              # chan_maxabs = [3, 2]
+    np.testing.assert_allclose(s["chan_maxabs"][1], [3.0, 2.0])
+    np.testing.assert_allclose(s["pos_sumsq"][1], [4.0, 9.0])
+    np.testing.assert_allclose(s["adj_sumsq"][1], [13.0])               # (3-0)^2 + (0+2)^2
+    np.testing.assert_array_equal(s["adj_sumsq"][0], [0])
+    hist = dict(zip(s["hist"][0].tolist(), s["hist"][1].tolist()))
+    # x / 3 = [0, -2/3, 1, 0] -> bins floor((y + 1) * 16) = 16, 5, 31 (y = 1 in the last bin), 16
+    assert {b: h for b, h in hist.items() if h} == {5: 0.25, 16: 0.5, 31: 0.25}
+    np.testing.assert_allclose(s["sample"][1], flat)
+    np.testing.assert_array_equal(s["sample"][0], [0, 1, 2, 3])
+
+
+def test_vector_stats_follow_the_row_channel_view_of_a_3d_tensor():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 5, 7, generator=g)
+    s = stats_of(x)
+    a = x.numpy().reshape(15, 7)
+    np.testing.assert_allclose(s["chan_maxabs"][1], np.abs(a).max(0), rtol=1e-6)
+    np.testing.assert_allclose(s["pos_sumsq"][1], (a ** 2).sum(1), rtol=1e-5)
+    np.testing.assert_allclose(s["adj_sumsq"][1], ((a[1:] - a[:-1]) ** 2).sum(1), rtol=1e-5)
+    assert s["hist"][1].sum() == pytest.approx(1.0)
+    assert len(s["sample"][1]) == 16 and s["sample"][0][-1] == x.numel() - 1
+    np.testing.assert_allclose(s["sample"][1], a.reshape(-1)[s["sample"][0]])
+
+
+def test_strided_views_give_the_same_sketches_as_their_copy():
+    x = torch.randn(64, 600, 48).transpose(0, 2)          # non-contiguous (48, 600, 64)
+    for rs in (None, 256):
+        torch.testing.assert_close(sketch_vector(x, row_sample=rs), sketch_vector(x.contiguous(), row_sample=rs),
+                                   rtol=1e-5, atol=1e-6)  # float32 reductions in another order
+
+
+def test_nnz_is_exact_on_sparse_data_and_in_low_precision():
+    x = torch.randn(300, 70)
+    x[x < 0.4] = 0
+    assert float(sketch_vector(x, ("nnz",))) == int(torch.count_nonzero(x))
+    assert float(sketch_vector(x.to(torch.bfloat16), ("nnz",))) == int(torch.count_nonzero(x.to(torch.bfloat16)))
+    assert float(sketch_vector(torch.zeros(5, 5), ("nnz", "kurtosis", "chan_outlier")).abs().sum()) == 0.0
+
+
+def test_unknown_stat_is_a_typed_error():
+    with pytest.raises(SketchError, match="bogus"):
+        sketch_vector(torch.ones(2, 2), ("min", "bogus"))
+
+
+@pytest.mark.parametrize("dist", DISTRIBUTIONS)
+def test_sampled_sketches_stay_within_the_stated_error(dist):
+    """Module docstring: hist within 0.05 (L1), kurtosis within 10 % below 10, extremes and totals exact."""
+    x = draw(dist, (4096, 384), torch.Generator().manual_seed(1))
+    exact, samp = stats_of(x, None), stats_of(x, 256)
+    for s in ("min", "max", "mean", "l1", "sumsq", "nnz", "chan_outlier"):
+        assert samp[s][1][0] == pytest.approx(exact[s][1][0], rel=1e-9, abs=1e-9), s
+    np.testing.assert_array_equal(samp["chan_maxabs"][1], exact["chan_maxabs"][1])
+    assert np.abs(samp["hist"][1] - exact["hist"][1]).sum() < 0.05
+    if exact["kurtosis"][1][0] < 10:   # heavy tails (heavy-tailed, outlier-channel): no useful sampled estimate
+        assert samp["kurtosis"][1][0] == pytest.approx(exact["kurtosis"][1][0], rel=0.10)
+    rows = samp["pos_sumsq"][0]
+    assert len(rows) == 256 and rows[1] == 4096 // 256
+    np.testing.assert_allclose(samp["pos_sumsq"][1], exact["pos_sumsq"][1][rows], rtol=1e-6)
+    np.testing.assert_allclose(samp["adj_sumsq"][1], exact["adj_sumsq"][1][rows], rtol=1e-5)
+
+
+def test_sampling_is_deterministic_and_visits_every_channel():
+    x = torch.randn(2048, 384)
+    torch.testing.assert_close(sketch_vector(x), sketch_vector(x.clone()))
+    stride, count = shape_sample(x.numel(), 384, 256)
+    assert 0.9 * SHAPE_SAMPLE < count <= SHAPE_SAMPLE and np.gcd(stride, 384) == 1
+    assert len(set((np.arange(count) * stride % 384).tolist())) == 384
+
+
+def test_known_distribution_values():
+    g = torch.Generator().manual_seed(2)
+    kurt = {d: stats_of(draw(d, (1024, 256), g))["kurtosis"][1][0] for d in ("gaussian", "uniform", "heavy-tailed")}
+    assert kurt["gaussian"] == pytest.approx(3.0, abs=0.15)
+    assert kurt["uniform"] == pytest.approx(1.8, abs=0.05)
+    assert kurt["heavy-tailed"] > 6
+
+
+def test_probs_sketch_definitions():
+    p = torch.tensor([[[0.7, 0.3], [0.5, 0.5]],
+                      [[1.0, 0.0], [0.1, 0.9]]])          # (batch 2, Q 2, K 2), softmax over the last axis
+    v = probs_vector(p).numpy()
+    lay = probs_layout(p.shape)
+    assert [s for s, _ in lay] == ["peak_prob", "key_mass"]
+    np.testing.assert_allclose(v[:2], [(0.7 + 1.0) / 2, (0.5 + 0.9) / 2])   # per query, mean over batch
+    np.testing.assert_allclose(v[2:], [(1.2 + 1.1) / 2, (0.8 + 0.9) / 2])   # per key, summed over queries
+    assert v[2:].sum() == pytest.approx(2.0)                                  # = Q
+    # softmax over a non-last axis
+    np.testing.assert_allclose(probs_vector(p.transpose(-1, -2), dim=-2).numpy(), v)
+
+
+def test_route_sketch_is_the_expert_load_share():
+    idx = torch.tensor([[0, 1], [0, 2], [0, 1]])
+    vals = torch.zeros_like(idx, dtype=torch.float32)
+    np.testing.assert_allclose(route_vector((vals, idx), 4).numpy(), [3 / 6, 2 / 6, 1 / 6, 0.0])
+    assert HIST_BINS == 32
