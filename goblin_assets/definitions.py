@@ -8,7 +8,7 @@ from goblin_assets.defs.checks import AUDIT_CHECKS
 from goblin_assets.defs.automation import automation_sensor, observe_rocm_image_daily, observe_rocm_image_job
 from goblin_assets.defs.partitions import workload_folders_sensor
 from goblin_assets.defs.sql import SQL_ASSETS
-from goblin_assets.defs.resources import RunnerResource, warehouse_resource
+from goblin_assets.defs.resources import runner_from_env, warehouse_resource
 
 defs = dg.Definitions(
     assets=[*AUDIT_ASSETS, *SQL_ASSETS],
@@ -16,5 +16,5 @@ defs = dg.Definitions(
     sensors=[workload_folders_sensor, automation_sensor],
     schedules=[observe_rocm_image_daily],
     jobs=[observe_rocm_image_job],
-    resources={"runner": RunnerResource(), "duckdb": warehouse_resource()},
+    resources={"runner": runner_from_env(), "duckdb": warehouse_resource()},
 )

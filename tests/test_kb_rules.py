@@ -81,7 +81,7 @@ def test_rules_the_cpu_workloads_depend_on_are_unchanged(kb):
     assert loader.detect == ["waste.data_wait.share > 0.30", "config.dataloader_workers < cores"]
     assert loader.fix.config == {"dataloader_workers": "=min(cores, 8)",
                                  "intra_op_threads": "=max(1, cores - dataloader_workers)"}
-    assert kb.by_id["data.dynamic_padding"].fix.config == {"seq_len": None}
+    assert kb.by_id["data.dynamic_padding"].fix.config == {"padding": "dynamic", "group_by_length": True}
     assert kb.by_id["attention.eager_to_sdpa"].fix.config == {"attention_impl": "sdpa"}
 
 

@@ -14,6 +14,15 @@ from goblin_assets.opscope.inject import (
 from goblin_assets.opscope.sketches import probs_vector, sketch_vector
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_intra_op_thread():
+    """Many small reductions: on 2 shared cores, 2 intra-op threads make them ~7x slower (measured)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 class Toy(nn.Module):
     """Every matmul form: Linear, @, softmax, mm with a parameter, bmm, addmm, baddbmm; dict output."""
 

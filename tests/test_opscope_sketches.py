@@ -12,6 +12,15 @@ from goblin_assets.opscope.sketches import (
 )
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_intra_op_thread():
+    """Many small reductions: on 2 shared cores, 2 intra-op threads make them ~7x slower (measured)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def stats_of(x: torch.Tensor, row_sample=None, stats=STATS) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """stat -> (idx, values) through the public layout."""
     v = sketch_vector(x, stats, row_sample).numpy()
@@ -62,6 +71,13 @@ def test_vector_stats_follow_the_row_channel_view_of_a_3d_tensor():
     np.testing.assert_allclose(s["sample"][1], a.reshape(-1)[s["sample"][0]])
 
 
+@pytest.mark.parametrize("shape", [(5,), (), (3, 4, 5), (384, 384), (257, 3), (40000,), (9, 300, 70)])
+def test_lengths_match_the_layout(shape):
+    x = torch.randn(shape)
+    for rs in (None, 256):
+        assert len(sketch_vector(x, row_sample=rs)) == sketch_length(shape, row_sample=rs)
+
+
 def test_strided_views_give_the_same_sketches_as_their_copy():
     x = torch.randn(64, 600, 48).transpose(0, 2)          # non-contiguous (48, 600, 64)
     for rs in (None, 256):
@@ -72,7 +88,9 @@ def test_strided_views_give_the_same_sketches_as_their_copy():
 def test_nnz_is_exact_on_sparse_data_and_in_low_precision():
     x = torch.randn(300, 70)
     x[x < 0.4] = 0
+    x = x[:200]                                                                   # 14000 <= SHAPE_SAMPLE: exact
     assert float(sketch_vector(x, ("nnz",))) == int(torch.count_nonzero(x))
+    assert float(sketch_vector(x, ("nnz",), row_sample=None)) == int(torch.count_nonzero(x))
     assert float(sketch_vector(x.to(torch.bfloat16), ("nnz",))) == int(torch.count_nonzero(x.to(torch.bfloat16)))
     assert float(sketch_vector(torch.zeros(5, 5), ("nnz", "kurtosis", "chan_outlier")).abs().sum()) == 0.0
 
@@ -84,15 +102,19 @@ def test_unknown_stat_is_a_typed_error():
 
 @pytest.mark.parametrize("dist", DISTRIBUTIONS)
 def test_sampled_sketches_stay_within_the_stated_error(dist):
-    """Module docstring: hist within 0.05 (L1), kurtosis within 10 % below 10, extremes and totals exact."""
+    """Module docstring: exact tier exact; density 0.01, l1 3 %, hist 0.05, kurtosis 10 % below 10."""
     x = draw(dist, (4096, 384), torch.Generator().manual_seed(1))
     exact, samp = stats_of(x, None), stats_of(x, 256)
-    for s in ("min", "max", "mean", "l1", "sumsq", "nnz", "chan_outlier"):
-        assert samp[s][1][0] == pytest.approx(exact[s][1][0], rel=1e-9, abs=1e-9), s
+    for s in ("min", "max", "mean", "sumsq", "chan_outlier"):
+        assert samp[s][1][0] == pytest.approx(exact[s][1][0], rel=1e-6, abs=1e-6), s
     np.testing.assert_array_equal(samp["chan_maxabs"][1], exact["chan_maxabs"][1])
+    e1 = lambda s: exact[s][1][0]  # noqa: E731
+    s1 = lambda s: samp[s][1][0]   # noqa: E731
+    assert abs(s1("nnz") - e1("nnz")) / x.numel() < 0.01
+    assert s1("l1") == pytest.approx(e1("l1"), rel=0.03)
     assert np.abs(samp["hist"][1] - exact["hist"][1]).sum() < 0.05
-    if exact["kurtosis"][1][0] < 10:   # heavy tails (heavy-tailed, outlier-channel): no useful sampled estimate
-        assert samp["kurtosis"][1][0] == pytest.approx(exact["kurtosis"][1][0], rel=0.10)
+    if e1("kurtosis") < 10:   # heavy tails (heavy-tailed, outlier-channel): no useful sampled estimate
+        assert s1("kurtosis") == pytest.approx(e1("kurtosis"), rel=0.10)
     rows = samp["pos_sumsq"][0]
     assert len(rows) == 256 and rows[1] == 4096 // 256
     np.testing.assert_allclose(samp["pos_sumsq"][1], exact["pos_sumsq"][1][rows], rtol=1e-6)

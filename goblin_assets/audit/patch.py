@@ -59,7 +59,7 @@ from goblin_assets.audit.config_map import (
 from goblin_assets.audit.config_python import analyse_python, dotted
 from goblin_assets.audit.config_shell import scan_text
 from goblin_assets.audit.config_tree import flatten_json, flatten_yaml
-from goblin_assets.audit.kb import KnowledgeBase, eval_fix_value, version_at_least
+from goblin_assets.audit.kb import KnowledgeBase, check_condition, eval_fix_value, version_at_least
 from goblin_assets.audit.waste import evidence_coverage, shares
 from goblin_assets.contracts import AppliedRule, ConfigDict, Patch, Rule, RuleMatch, RunMetrics
 from goblin_assets.errors import ConfigParseError, PatchError
@@ -148,7 +148,10 @@ def _read(text: str, name: str, fmt: str) -> _Read:
             except SyntaxError:
                 tree = None
             if tree is not None:
-                res = analyse_python(text, name)
+                try:
+                    res = analyse_python(text, name)
+                except (RecursionError, ValueError, MemoryError) as exc:
+                    raise PatchError(f"{name}: too complex to patch statically ({type(exc).__name__})") from None
                 return _Read(fmt, res.tool, res.found, tree)
             raws = scan_text(text, name)
             return _Read(fmt, "shell", map_entries("shell", raws).found)
@@ -683,6 +686,26 @@ def _uplift(applied: list[AppliedRule], kb: KnowledgeBase, sh: dict[str, float],
 
 # --------------------------------------------------------------------------- propose_patch
 
+def _superseded(rule: Rule, values: dict[str, Any], changes: dict[str, Any], cores: int) -> tuple[str, str] | None:
+    """A ``config.*`` condition of ``rule`` that held on the original config but not after ``changes``.
+
+    E.g. a TF32-for-fp32 rule once a higher-uplift rule has switched the run
+    to bf16.  Returns ``(condition, field)`` or None.
+    """
+    if not changes:
+        return None
+    ctx = {"config": {**values, **changes}, "cores": cores}
+    for cond in rule.detect:
+        path = cond.split()[0] if cond.split() else ""
+        fld = path.removeprefix("config.")
+        if not path.startswith("config.") or fld not in changes:
+            continue
+        holds, why = check_condition(cond, ctx)
+        if not holds and "not available" not in why:
+            return cond, fld
+    return None
+
+
 def propose_patch(config: ConfigDict, kb: KnowledgeBase, matches: list[RuleMatch], metrics: RunMetrics,
                   cores: int, workload_root: Path | None = None, out_dir: Path | None = None,
                   source: Path | None = None, packages: dict[str, str | None] | None = None) -> Patch:
@@ -750,6 +773,15 @@ def propose_patch(config: ConfigDict, kb: KnowledgeBase, matches: list[RuleMatch
                 proposal[fld] = eval_fix_value(raw, {**names, **proposal})
         except Exception as exc:  # KBError: an unknown name; the rule cannot apply here
             dropped.append(f"{rule.id}: transform not applicable ({exc})")
+            continue
+        gone = _superseded(rule, values, changes, cores)
+        if gone is not None:
+            conflicted += 1
+            cond, fld = gone
+            dropped.append(f"{rule.id}: superseded by {owner[fld]}: after its change ({fld} "
+                           f"{values.get(fld)!r} -> {changes[fld]!r}) `{cond}` no longer holds; {owner[fld]} wins "
+                           f"with the larger predicted uplift ({uplift(kb.by_id[owner[fld]]):.1%} vs "
+                           f"{uplift(rule):.1%} of the step)")
             continue
         clash = [f for f, v in proposal.items() if f in changes and changes[f] != v]
         clash += [f"env.{k}" for k, v in rule.fix.env.items() if (k in env and env[k] != v) or k in unset_env]

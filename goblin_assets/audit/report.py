@@ -225,19 +225,23 @@ def _waste_axes(ax, rep: AuditReport) -> None:
         bottoms = [bottoms[0] + vals[0], bottoms[1] + vals[1]]
     ax.set_ylabel("ms per step (measured, profiled)")
     ax.set_title("Waste budget per step")
-    ax.legend(fontsize=8, loc="upper right")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
 
 
 def _throughput_axes(ax, rep: AuditReport) -> None:
-    ax.bar(["original", "patched"], [rep.baseline_throughput, rep.patched_throughput],
-           yerr=[[rep.baseline_spread / 2, rep.patched_spread / 2]] * 2, color=["#999999", "#4c9a2a"], capsize=6)
+    medians = [rep.baseline_throughput, rep.patched_throughput]
+    runs = [rep.baseline_throughputs or [medians[0]], rep.patched_throughputs or [medians[1]]]
+    # error bars span the repeats (min..max around the median), never below zero
+    err = [[m - min(r) for m, r in zip(medians, runs)], [max(r) - m for m, r in zip(medians, runs)]]
+    ax.bar(["original", "patched"], medians, yerr=err, color=["#999999", "#4c9a2a"], capsize=6)
     for i, vals in enumerate((rep.baseline_throughputs, rep.patched_throughputs)):
         ax.scatter([i] * len(vals), vals, color="black", s=12, zorder=3)
     lo, hi = rep.baseline_throughput * rep.predicted_low, rep.baseline_throughput * rep.predicted_high
-    ax.fill_between([0.6, 1.4], [lo, lo], [hi, hi], color="#4c9a2a", alpha=0.15,
-                    label=f"predicted {rep.predicted_low:.2f}x-{rep.predicted_high:.2f}x")
+    ax.hlines([lo, hi], 0.55, 1.45, colors="#1f4f0f", linestyles="dashed",
+              label=f"predicted range {rep.predicted_low:.2f}x-{rep.predicted_high:.2f}x")
     ax.set_ylabel(f"{rep.throughput_unit or rep.unit + '/s'} (median of {rep.repeats}, measured)")
     ax.set_title(f"Throughput: {rep.measured_speedup:.2f}x measured")
+    ax.set_ylim(bottom=0)
     ax.legend(fontsize=8, loc="upper left")
 
 
@@ -255,7 +259,7 @@ def _png(draw, rep: AuditReport, size: tuple[float, float]) -> bytes:
 def plot_report(rep: AuditReport, path: Path) -> Path:
     """PNG: waste budget before/after (stacked, ms per step) and measured throughput, side by side."""
     plt = _plt()
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4), gridspec_kw={"width_ratios": [3, 2]})
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4), gridspec_kw={"width_ratios": [3, 2]})
     _waste_axes(ax1, rep)
     _throughput_axes(ax2, rep)
     fig.suptitle(f"{rep.workload} on {rep.device}")
@@ -406,7 +410,7 @@ def render_html(rep: AuditReport) -> str:
     version, batch/sequence shape).
     """
     u = _unit(rep)
-    waste_png = _png(_waste_axes, rep, (6, 4))
+    waste_png = _png(_waste_axes, rep, (7.5, 4))
     tput_png = _png(_throughput_axes, rep, (5, 4))
     parts = [
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
@@ -430,7 +434,8 @@ def render_html(rep: AuditReport) -> str:
               f"<figure>{_img(waste_png, 'waste budget per step, original vs patched, stacked by bucket')}"
               "<figcaption class=\"muted\">Waste budget per step (ms), stacked by bucket.</figcaption></figure>",
               f"<figure>{_img(tput_png, 'measured throughput, original vs patched')}"
-              f"<figcaption class=\"muted\">Throughput ({_e(u)}); dots are the repeats, the band the prediction."
+              f"<figcaption class=\"muted\">Throughput ({_e(u)}); dots are the repeats, dashed lines the "
+              "predicted range."
               "</figcaption></figure>", "</div>"]
     parts += ["<h2>Side by side (profiled runs)</h2>", "<table><tr><th>metric</th><th>original</th>"
               "<th>patched</th></tr>"]

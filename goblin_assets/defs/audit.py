@@ -183,7 +183,8 @@ def patch(context: dg.AssetExecutionContext, training_config: ConfigDict, kb_rul
 
 @dg.multi_asset(
     group_name="benchmarks", pool=POOL, partitions_def=workloads_partitions,
-    outs={"benchmark_baseline": dg.AssetOut(**_AUTO), "benchmark_patched": dg.AssetOut(**_AUTO)},
+    outs={"benchmark_baseline": dg.AssetOut(kinds={"python"}, **_AUTO),
+          "benchmark_patched": dg.AssetOut(kinds={"python"}, **_AUTO)},
     deps=[rocm_image],
     internal_asset_deps={
         "benchmark_baseline": {dg.AssetKey("training_config"), dg.AssetKey("workload_source"), rocm_image.key},

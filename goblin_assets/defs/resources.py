@@ -40,3 +40,26 @@ class RunnerResource(dg.ConfigurableResource):
 def warehouse_resource() -> DuckDBResource:
     """dagster-duckdb's resource on ``$GOBLIN_HOME/warehouse.duckdb``."""
     return DuckDBResource(database=str(warehouse_path()))
+
+
+def runner_from_env() -> RunnerResource:
+    """The runner resource with per-machine settings from ``GOBLIN_RUNNER_*`` variables.
+
+    ``GOBLIN_RUNNER_KIND``, ``_DEVICE``, ``_PROFILED_STEPS``, ``_BENCH_STEPS``,
+    ``_BENCH_REPEATS``, ``_SKETCH_STEPS``, ``_WARMUP_STEPS``, ``_TIMEOUT_S``; unset
+    ones keep the defaults.  The image tag comes from ``rocm_image`` (see
+    runners/image.py).
+    """
+    import os
+
+    from goblin_assets.runners.image import read_rocm_image
+
+    fields = RunnerResource.model_fields
+    kw = {}
+    for name in ("kind", "device", "profiled_steps", "bench_steps", "bench_repeats", "sketch_steps",
+                 "warmup_steps", "timeout_s", "mem_cap_gb"):
+        raw = os.environ.get(f"GOBLIN_RUNNER_{name.upper()}")
+        if raw is not None:
+            ann = fields[name].annotation
+            kw[name] = ann(raw) if ann in (int, float) else raw
+    return RunnerResource(image_tag=read_rocm_image().version, **kw)

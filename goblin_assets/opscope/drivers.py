@@ -337,6 +337,8 @@ def read_idx(path: str | Path) -> np.ndarray:
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in _IDX_DTYPES:
         raise DriverError(f"{p}: not an IDX file (bad magic number)")
     nd = raw[3]
+    if len(raw) < 4 + 4 * nd:
+        raise DriverError(f"{p}: truncated IDX file (header of {nd} dimensions cut short)")
     dims = struct.unpack(f">{nd}I", raw[4:4 + 4 * nd])
     dt = np.dtype(_IDX_DTYPES[raw[2]])
     need = int(np.prod(dims)) * dt.itemsize

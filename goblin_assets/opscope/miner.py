@@ -166,13 +166,27 @@ def classify(ev: dict) -> tuple[str, float]:
 
 
 def stationarity(g: pd.DataFrame) -> tuple[str, float, dict] | None:
-    """Cross-step finding from the CV of ``l1``: (stationary|drifting, score, evidence), or None (< 2 steps)."""
+    """Cross-step finding from the CV of ``l1``: (stationary|drifting, score, evidence), or None (< 2 steps).
+
+    The evidence also says whether the tensor repeats *exactly* (``exact_repeat``:
+    every recorded scalar statistic, and the fixed ``sample`` elements when
+    recorded, identical at every step).  A weight under small optimizer
+    updates can have an l1 CV below 1e-4 and still change every step; only an
+    exact repeat makes prepacking safe (the plan's guard reads this).
+    """
     l1 = _scal(g, "l1").to_numpy(dtype=float)
     if len(l1) < 2:
         return None
     cv = float(np.std(l1) / (abs(np.mean(l1)) + 1e-30))
     label = "stationary" if cv < STATIONARY_CV else "drifting"
-    return label, 1.0 - min(cv, 1.0), {"l1_cv": cv, "steps": int(len(l1)), "threshold": STATIONARY_CV}
+    per_step = g[g["stat"].isin(SCALARS + ("sample",))].pivot_table(index=["stat", "idx"], columns="step",
+                                                                     values="value", aggfunc="first")
+    exact = bool((per_step.nunique(axis=1, dropna=False) <= 1).all())
+    ev = {"l1_cv": cv, "steps": int(len(l1)), "threshold": STATIONARY_CV, "exact_repeat": exact,
+          "repeat_checked": sorted(set(per_step.index.get_level_values(0)))}
+    if label == "stationary" and not exact:
+        ev["note"] = "l1 nearly constant but the values change (e.g. small optimizer updates): not an exact repeat"
+    return label, 1.0 - min(cv, 1.0), ev
 
 
 def mine_patterns(sketches: pd.DataFrame) -> pd.DataFrame:

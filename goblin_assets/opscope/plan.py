@@ -6,10 +6,11 @@ the plan gives
 * the **exploit** (zero-skipping / sparse GEMM, int8 GEMM, prepacked weights,
   factored matmul, 2:4 sparse GEMM);
 * a runtime **guard** predicate on a recorded statistic (``density < 0.5``,
-  ``absmax <= calibrated absmax``, ``l1 unchanged``) and the guard's
+  ``absmax <= calibrated absmax``, weights unchanged) and the guard's
   **stability** across steps: σ of the guarded statistic (stable if
-  σ(density) < 0.02, issue 7; other guards: coefficient of variation < 0.05,
-  goblin's choice);
+  σ(density) < 0.02, issue 7; the prepack guard is stable only when the
+  weight repeats exactly, see :func:`~goblin_assets.opscope.miner.stationarity`;
+  other guards: coefficient of variation < 0.05, goblin's choice);
 * an **estimated** speedup (1/density for zero-skipping; bytes saved for int8;
   FLOPs saved for a factored matmul);
 * a **measured** speedup from an A/B micro-benchmark on this machine at the
@@ -23,14 +24,14 @@ every step) and column compaction of all-zero channels when ``chan_maxabs``
 shows dead channels; int8 ``torch._int_mm`` with dynamic per-tensor
 quantisation of the activation and a pre-quantised weight (quantise, int8 GEMM,
 rescale all included); prepacked weights via oneDNN (``torch.utils.mkldnn``'s
-``MkldnnLinear``, CPU) and a factored ``(M,K)@(K,r)@(r,N)`` matmul.  A form the
+``MkldnnLinear``, CPU) and a factored ``(M,K)@(K,r)@(r,N)`` matmul at the probe's rank for 10% error.  A form the
 machine cannot run is reported with ``measured_speedup`` empty and the reason,
 never with a made-up number.
 """
 from __future__ import annotations
 
 import json
-import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -118,20 +119,22 @@ def ab_sparse(m: int, k: int, n: int, density: float, role: str, dead_share: flo
         ``dense``, ``special`` (the faster specialised form), ``form``, and each
         form's median seconds and repeat count.
     """
-    if role == "lhs":
-        dead = int(round(dead_share * k))
-        a, b = _operand((m, k), density, 0, dead), torch.randn(k, n)
-        dense = time_call(lambda: torch.mm(a, b), repeats)
-        forms = {"csr_incl_conversion": time_call(lambda: a.to_sparse_csr() @ b, repeats)}
-        if dead:
-            keep = torch.arange(dead, k)
-            bk = b[keep].contiguous()           # the weight rows of dead channels dropped once (prepacked)
-            forms["dead_channel_compaction"] = time_call(lambda: torch.mm(a[:, dead:], bk), repeats)
-    else:
-        a, b = torch.randn(m, k), _operand((k, n), density, 1)
-        bs = b.t().contiguous().to_sparse_csr()   # converted once: weights are stationary
-        dense = time_call(lambda: torch.mm(a, b), repeats)
-        forms = {"csr_weight": time_call(lambda: (bs @ a.t()).t(), repeats)}
+    with warnings.catch_warnings():  # torch warns that CSR support is beta on every conversion
+        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta", category=UserWarning)
+        if role == "lhs":
+            dead = int(round(dead_share * k))
+            a, b = _operand((m, k), density, 0, dead), torch.randn(k, n)
+            dense = time_call(lambda: torch.mm(a, b), repeats)
+            forms = {"csr_incl_conversion": time_call(lambda: a.to_sparse_csr() @ b, repeats)}
+            if dead:
+                keep = torch.arange(dead, k)
+                bk = b[keep].contiguous()           # the weight rows of dead channels dropped once (prepacked)
+                forms["dead_channel_compaction"] = time_call(lambda: torch.mm(a[:, dead:], bk), repeats)
+        else:
+            a, b = torch.randn(m, k), _operand((k, n), density, 1)
+            bs = b.t().contiguous().to_sparse_csr()   # converted once: weights are stationary
+            dense = time_call(lambda: torch.mm(a, b), repeats)
+            forms = {"csr_weight": time_call(lambda: (bs @ a.t()).t(), repeats)}
     best = min(forms, key=lambda f: forms[f].median_s)
     return {"dense": dense, "special": forms[best], "form": best,
             "forms": {f: {"median_s": t.median_s, "repeats": t.repeats} for f, t in forms.items()}}
@@ -187,10 +190,12 @@ def ab_prepack(m: int, k: int, n: int, repeats: int = REPEATS) -> dict:
     """
     if not torch.backends.mkldnn.is_available():
         raise RuntimeError("oneDNN (mkldnn) is not available in this torch build")
-    from torch.utils.mkldnn import to_mkldnn
-
     lin = torch.nn.Linear(k, n).eval()
-    packed = to_mkldnn(torch.nn.Sequential(lin))
+    with warnings.catch_warnings():  # MkldnnLinear is a ScriptModule; torch 2.13 warns that script_method is deprecated
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from torch.utils.mkldnn import to_mkldnn
+
+        packed = to_mkldnn(torch.nn.Sequential(lin))
     wt, bias = lin.weight.detach().t().contiguous(), lin.bias.detach()
     x = torch.randn(m, k)
     with torch.no_grad():
@@ -217,8 +222,9 @@ EXPLOITS: dict[str, tuple[str, str, str]] = {
     "sparse_gemm": ("zero_skipping_sparse_gemm", "density < 0.5", "density"),
     "int_quant": ("int8_gemm_per_channel", "absmax <= {absmax:.4g} (calibrated; no clipping)", "absmax"),
     "quantize_lut": ("int8_gemm_lut", "absmax <= {absmax:.4g} (calibrated; no clipping)", "absmax"),
-    "stationary": ("prepack", "weights unchanged: cv(l1) < 1e-4", "l1"),
-    "low_rank": ("factored_matmul", "stable_rank < 0.1 * cols (probe)", "stable_rank"),
+    "stationary": ("prepack", "weights unchanged: every scalar sketch repeats exactly across steps", "l1"),
+    "low_rank": ("factored_matmul", "stable_rank < 0.1 * cols and rank_10pct * (rows + cols) < rows * cols (probe)",
+                 "stable_rank"),
     "two_four": ("sparse_2_4_gemm", "2:4 magnitude pruning rel. error < 0.10 (probe)", "rel_err"),
 }
 
@@ -304,11 +310,13 @@ def plan(patterns: pd.DataFrame, sketches: pd.DataFrame, measure: bool = True,
             elif p.finding == "stationary":
                 if p.role != "rhs":
                     continue  # a stationary activation is an input that does not change: precompute, not prepack
+                if "exact_repeat" in ev:
+                    stable = bool(ev["exact_repeat"])   # the guard is bitwise: a nearly constant l1 is not enough
                 if measure:
                     bench = ab_prepack(m, k, n, repeats) if device == "cpu" else None
                     reason = None if device == "cpu" else "prepack A/B is implemented for the CPU (oneDNN) only"
             elif p.finding == "low_rank":
-                r = max(1, math.ceil(float(ev["rank"]["stable_rank"])))
+                r = max(1, int(ev["rank"]["rank_10pct"]))
                 shape = ev.get("shape", [0, 0])
                 n_out, k_in = int(shape[0]), int(shape[-1])
                 m = m or 128
@@ -370,15 +378,19 @@ def plan_findings(plan_df: pd.DataFrame) -> pd.DataFrame:
     The score is the measured speedup (or the estimate when nothing was
     measured); evidence carries the guard, its stability and the timings.
     """
+    def num(v):
+        return None if v is None or pd.isna(v) else float(v)
+
     rows = []
     for r in plan_df.itertuples():
-        score = r.measured_speedup if r.measured_speedup is not None and not pd.isna(r.measured_speedup) \
-            else (r.est_speedup if r.est_speedup is not None and not pd.isna(r.est_speedup) else 0.0)
-        ev = {"exploit": r.exploit, "guard": r.guard, "guard_stat": r.guard_stat, "guard_mean": r.guard_mean,
-              "guard_sigma": r.guard_sigma, "guard_stable": r.guard_stable, "est_speedup": r.est_speedup,
-              "measured_speedup": r.measured_speedup, "dense_median_s": r.dense_median_s,
-              "special_median_s": r.special_median_s, "repeats": int(r.repeats), "shape": [r.M, r.K, r.N],
-              "provenance": r.provenance, **json.loads(r.evidence_json)}
+        meas, est = num(r.measured_speedup), num(r.est_speedup)
+        score = meas if meas is not None else (est if est is not None else 0.0)
+        ev = {"exploit": r.exploit, "guard": r.guard, "guard_stat": r.guard_stat, "guard_mean": num(r.guard_mean),
+              "guard_sigma": num(r.guard_sigma),
+              "guard_stable": None if r.guard_stable is None or pd.isna(r.guard_stable) else bool(r.guard_stable),
+              "est_speedup": est, "measured_speedup": meas, "dense_median_s": num(r.dense_median_s),
+              "special_median_s": num(r.special_median_s), "repeats": int(r.repeats),
+              "shape": [int(r.M), int(r.K), int(r.N)], "provenance": r.provenance, **json.loads(r.evidence_json)}
         rows.append({"run_id": r.run_id, "workload": r.workload, "site": r.site, "role": r.role,
                      "finding": "prepack" if r.exploit == "prepack" else r.exploit, "score": float(score),
                      "evidence_json": json.dumps(ev, default=float)})

@@ -17,7 +17,6 @@ import math
 from collections.abc import Mapping
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import torch
 
@@ -39,6 +38,9 @@ LOW_RANK_FRACTION = 0.1
 #: Source: issue 7 (3/4/6/8 bits, 2% error).
 QUANT_BITS = (3, 4, 6, 8)
 QUANT_MAX_REL_ERR = 0.02
+#: Intra-op threads of a probe.  One: on a shared 2-core machine the float64 SVD of a 949 x 1536
+#: activation took 0.8 s on one thread and 7.9 s on two (OpenMP waiting on a busy core).  Source: measured.
+PROBE_THREADS = 1
 
 
 class ProbeError(GoblinError):
@@ -153,7 +155,7 @@ def cardinality(t: torch.Tensor, snap_bits: int = SNAP_BITS) -> dict:
 
 
 def effective_rank(t: torch.Tensor) -> dict:
-    """Entropy effective rank and stable rank of the 2-D view of ``t``.
+    """Entropy effective rank, stable rank, and whether a factored matmul would pay.
 
     Shapes
     ------
@@ -164,24 +166,35 @@ def effective_rank(t: torch.Tensor) -> dict:
     dict
         ``erank`` = exp(H(p)), p_i = σ_i / Σσ (Roy & Vetterli 2007, "The
         effective rank"); ``stable_rank`` = ‖A‖_F² / ‖A‖_2² (Rudelson &
-        Vershynin 2007); ``cols``; ``low_rank`` (stable rank < 0.1 · cols →
-        a factored matmul pays).
+        Vershynin 2007); ``cols``; ``rank_10pct``: the smallest rank r whose
+        best rank-r approximation (Eckart–Young) has ‖A − A_r‖_F / ‖A‖_F < 10%;
+        ``factored_cost``: r·(rows + cols) / (rows·cols), the multiply-adds of
+        ``(x @ U_r) @ V_r`` relative to ``x @ A``; ``low_rank``: stable rank
+        < 0.1 · cols (issue 7) **and** ``factored_cost < 1``.  The stable rank
+        alone also flags a full-rank matrix with one dominant direction (an
+        outlier feature), which a factored matmul cannot replace.
 
     Source
     ------
-    Roy & Vetterli, EUSIPCO 2007; Rudelson & Vershynin, J. ACM 54(4) 2007.
+    Roy & Vetterli, EUSIPCO 2007; Rudelson & Vershynin, J. ACM 54(4) 2007;
+    the 10% error bound: goblin's choice (the 2:4 probe's bound).
     """
     a = _as_matrix(t)
     s = torch.linalg.svdvals(a)
-    cols = int(a.shape[1])
+    rows, cols = int(a.shape[0]), int(a.shape[1])
     if float(s.sum()) == 0.0:
-        return {"erank": 0.0, "stable_rank": 0.0, "cols": cols, "low_rank": True}
+        return {"erank": 0.0, "stable_rank": 0.0, "cols": cols, "rank_10pct": 0, "factored_cost": 0.0,
+                "low_rank": True}
     p = s / s.sum()
     p = p[p > 0]
     erank = float(torch.exp(-(p * p.log()).sum()))
-    stable = float((s**2).sum() / s[0] ** 2)
-    return {"erank": erank, "stable_rank": stable, "cols": cols,
-            "low_rank": stable < LOW_RANK_FRACTION * cols}
+    e = s**2
+    stable = float(e.sum() / e[0])
+    tail = (e.sum() - torch.cumsum(e, 0)).clamp_min(0).sqrt() / e.sum().sqrt()   # error keeping the first i+1
+    r10 = int((tail < TWO_FOUR_MAX_REL_ERR).nonzero()[0, 0]) + 1
+    cost = r10 * (rows + cols) / (rows * cols)
+    return {"erank": erank, "stable_rank": stable, "cols": cols, "rank_10pct": r10, "factored_cost": cost,
+            "low_rank": stable < LOW_RANK_FRACTION * cols and cost < 1.0}
 
 
 def quant_error(t: torch.Tensor, bits: int, per_channel: bool, channel_axis: int = 0) -> float:
@@ -238,8 +251,11 @@ def quant_profile(t: torch.Tensor, channel_axis: int = 0) -> dict:
     return out
 
 
-def probe_tensor(t: torch.Tensor, channel_axis: int = 0) -> dict:
+def probe_tensor(t: torch.Tensor, channel_axis: int = 0, threads: int | None = PROBE_THREADS) -> dict:
     """All probes on one tensor: :func:`two_four`, :func:`cardinality`, :func:`effective_rank`, :func:`quant_profile`.
+
+    Runs with ``threads`` intra-op threads (restored afterwards; ``None``
+    keeps the process setting).
 
     Returns
     -------
@@ -247,9 +263,15 @@ def probe_tensor(t: torch.Tensor, channel_axis: int = 0) -> dict:
         ``shape``, ``dtype`` and the probes' numbers under ``two_four``,
         ``cardinality``, ``rank`` and ``quant``.
     """
-    return {"shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", ""),
-            "two_four": two_four(t), "cardinality": cardinality(t), "rank": effective_rank(t),
-            "quant": quant_profile(t, channel_axis)}
+    old = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        return {"shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", ""),
+                "two_four": two_four(t), "cardinality": cardinality(t), "rank": effective_rank(t),
+                "quant": quant_profile(t, channel_axis)}
+    finally:
+        torch.set_num_threads(old)
 
 
 def probe_findings(results: Mapping[str, dict], run_id: str = "probe", workload: str = "probe",
@@ -258,7 +280,7 @@ def probe_findings(results: Mapping[str, dict], run_id: str = "probe", workload:
 
     One row per tensor and probe that fires: ``two_four`` (feasible 2:4, score
     1 − rel_err/0.10), ``quantize_lut`` (≤ 32 distinct values), ``low_rank``
-    (score 1 − stable_rank/(0.1·cols)), ``int_quant`` (smallest width under 2%,
+    (score 1 − factored_cost), ``int_quant`` (smallest width under 2%,
     score (8 − bits)/8 ... the fewer bits the higher); a tensor where nothing
     fires gets ``dense_full_rank`` with its numbers, so silence is never ambiguous.
     """
@@ -275,8 +297,7 @@ def probe_findings(results: Mapping[str, dict], run_id: str = "probe", workload:
             rows.append((name, role, "quantize_lut", 1 - r["cardinality"]["distinct"] / (LUT_MAX_DISTINCT + 1), ev))
             hit = True
         if r["rank"]["low_rank"]:
-            rows.append((name, role, "low_rank",
-                         1 - r["rank"]["stable_rank"] / (LOW_RANK_FRACTION * r["rank"]["cols"]), ev))
+            rows.append((name, role, "low_rank", 1 - r["rank"]["factored_cost"], ev))
             hit = True
         bits = [b for b in (r["quant"]["min_bits_channel"], r["quant"]["min_bits_tensor"]) if b is not None]
         if bits:

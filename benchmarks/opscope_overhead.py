@@ -1,0 +1,184 @@
+"""Recording overhead on MiniLM: injected forward vs plain forward, next to hooks and torch.ao observers.
+
+    .venv/bin/python benchmarks/opscope_overhead.py [--batch 32] [--seq-len 128] [--repeats 3]
+                                                   [--every 10] [--threads N] [--compile] [--json]
+
+The packaged all-MiniLM-L6-v2 (eager attention) on standard-library
+docstrings, batch 32 x sequence 128 on the CPU by default.  In the same run,
+alternating within each repeat so that machine drift hits every arm alike:
+
+* ``eager``: the model's own forward;
+* ``plain``: the exported graph without taps (what the injected graph is);
+* ``injected``: one recorded step with the full sketch set on every matmul
+  (lhs, rhs, out) and softmax (probs): :class:`goblin_assets.opscope.inject.Recorder`
+  forward plus ``flush`` (weight sketches once per step, one host read-back,
+  the tidy rows built); also ``injected_linear`` with the 37 linear sites only;
+* ``hooks``: the same sketches from ``nn.Linear`` forward hooks on the eager
+  model, input, weight and output, each copied to the host per op;
+* ``histogram_observer``: ``torch.ao.quantization.HistogramObserver`` on every
+  linear's input and output (hooks);
+* ``sampled``: the recorder with ``every=k`` (one step in k recorded, the
+  others run the plain graph) over ``2k`` steps, vs ``2k`` plain steps;
+* ``compiled`` (``--compile``): ``torch.compile`` of the injected graph, which
+  fuses the reductions; compile time reported separately.
+
+Ratios are against ``plain`` (the exported graph; ``eager`` is shown beside).
+Reference numbers from planning (``../shared/measured_facts.md``): hooks
+3.55x, HistogramObserver 2.24x, the one-read limit about 1.09x.  Source:
+measured.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from goblin_assets.opscope.drivers import load_minilm, minilm_batches
+from goblin_assets.opscope.inject import Recorder, SiteFilter, inject_matmul_stats
+from goblin_assets.opscope.sketches import sketch_vector
+
+
+def _hooked(model: torch.nn.Module, per_op) -> list:
+    """Forward hooks on every nn.Linear calling ``per_op(module, input, output)``; returns the handles."""
+    return [m.register_forward_hook(lambda mod, args, out: per_op(mod, args[0], out))
+            for m in model.modules() if isinstance(m, torch.nn.Linear)]
+
+
+def measure_overhead(batch: int = 32, seq_len: int = 128, repeats: int = 3, every: int = 10,
+                     compile_graph: bool = False, log=print) -> dict:
+    """Median seconds per forward of each arm (see the module docstring) and their ratios to ``plain``.
+
+    Returns
+    -------
+    dict
+        ``seconds`` (arm -> median s per forward or step), ``ratio_vs_plain``,
+        ``ratio_vs_eager``, ``sites``, ``rows_per_step``, ``threads``; with
+        ``compile_graph`` also ``compile_s``.  Units: seconds.  Source: measured.
+    """
+    tok, model = load_minilm("eager")
+    b = minilm_batches(tok, batch, seq_len, 1)[0]
+    ids, mask = b["input_ids"], b["attention_mask"]
+    t0 = time.perf_counter()
+    inj = inject_matmul_stats(model, (ids,), {"attention_mask": mask}, infer=True)
+    log(f"injected {len(inj.sites)} sites in {time.perf_counter() - t0:.1f} s (export + gate); gate {inj.gate}")
+    inj_lin = inject_matmul_stats(model, (ids,), {"attention_mask": mask}, site_filter=SiteFilter(exclude=":"))
+    rec, rec_lin = Recorder(inj), Recorder(inj_lin)
+    sink: list = []
+
+    def per_op_to_host(mod, x, out):
+        for t in (x, mod.weight, out):
+            sink.append(sketch_vector(t).tolist())      # one host copy per tensor per op
+
+    observers: dict = {}
+
+    def per_op_observer(mod, x, out):
+        obs = observers.setdefault(id(mod), (torch.ao.quantization.HistogramObserver(),
+                                             torch.ao.quantization.HistogramObserver()))
+        obs[0](x.detach())
+        obs[1](out.detach())
+
+    rows_per_step = {}
+
+    def step(r: Recorder, key: str):
+        r(ids, attention_mask=mask)
+        rows_per_step[key] = len(r.flush())
+
+    arms = {
+        "eager": lambda: model(input_ids=ids, attention_mask=mask),
+        "plain": lambda: inj.plain(ids, attention_mask=mask),
+        "injected": lambda: step(rec, "injected"),
+        "injected_linear": lambda: step(rec_lin, "injected_linear"),
+        "hooks": None,
+        "histogram_observer": None,
+    }
+    times: dict[str, list[float]] = {k: [] for k in arms}
+    with torch.no_grad():
+        for arm in ("eager", "plain", "injected"):       # warm-up
+            if arms[arm]:
+                arms[arm]()
+        for rep in range(repeats):
+            for arm, fn in arms.items():
+                handles = []
+                if arm == "hooks":
+                    handles = _hooked(model, per_op_to_host)
+                    fn = arms["eager"]
+                elif arm == "histogram_observer":
+                    handles = _hooked(model, per_op_observer)
+                    fn = arms["eager"]
+                t = time.perf_counter()
+                fn()
+                times[arm].append(time.perf_counter() - t)
+                for h in handles:
+                    h.remove()
+                sink.clear()
+            log(f"repeat {rep + 1}/{repeats}: " + ", ".join(f"{k} {v[-1]:.2f}s" for k, v in times.items()))
+        # the sampled recorder: 2k steps, one in k recorded, vs 2k plain steps
+        sampled = Recorder(inj, every=every)
+        t = time.perf_counter()
+        for _ in range(2 * every):
+            sampled(ids, attention_mask=mask)
+            sampled.flush()
+        times["sampled"] = [(time.perf_counter() - t) / (2 * every)]
+        t = time.perf_counter()
+        for _ in range(2 * every):
+            inj.plain(ids, attention_mask=mask)
+        times["plain_sampled_ref"] = [(time.perf_counter() - t) / (2 * every)]
+        out: dict = {}
+        if compile_graph:
+            cm = torch.compile(inj.module)
+            t = time.perf_counter()
+            cm(ids, attention_mask=mask)
+            out["compile_s"] = time.perf_counter() - t
+            ct = []
+            for _ in range(repeats):
+                t = time.perf_counter()
+                packed = cm(ids, attention_mask=mask)[-1]
+                packed.cpu()
+                ct.append(time.perf_counter() - t)
+            times["compiled"] = ct
+    med = {k: statistics.median(v) for k, v in times.items() if v}
+    ratio = {k: v / med["plain"] for k, v in med.items() if k not in ("plain_sampled_ref",)}
+    ratio["sampled"] = med["sampled"] / med["plain_sampled_ref"]
+    out.update({
+        "batch": batch, "seq_len": seq_len, "repeats": repeats, "every": every, "threads": torch.get_num_threads(),
+        "sites": len(inj.sites), "sites_linear": len(inj_lin.sites), "rows_per_step": rows_per_step,
+        "seconds": med, "ratio_vs_plain": ratio,
+        "ratio_vs_eager": {k: v / med["eager"] for k, v in med.items() if k != "plain_sampled_ref"},
+    })
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--seq-len", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--every", type=int, default=10, help="k of the sampled recorder")
+    ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    ap.add_argument("--compile", action="store_true", help="also time torch.compile of the injected graph")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    r = measure_overhead(a.batch, a.seq_len, a.repeats, a.every, a.compile, log=(lambda s: None) if a.json else print)
+    if a.json:
+        print(json.dumps(r, indent=2))
+        return 0
+    print(f"\nMiniLM batch {r['batch']} x seq {r['seq_len']}, CPU, {r['threads']} threads, {r['sites']} sites "
+          f"({r['sites_linear']} linear), median of {r['repeats']}")
+    for k, v in r["seconds"].items():
+        if k == "plain_sampled_ref":
+            continue
+        print(f"  {k:20s} {v:8.3f} s   {r['ratio_vs_plain'][k]:5.2f}x plain   {r['ratio_vs_eager'][k]:5.2f}x eager")
+    print(f"  sampled recorder (every {r['every']}): {r['ratio_vs_plain']['sampled']:.3f}x plain over "
+          f"{2 * r['every']} steps")
+    if "compile_s" in r:
+        print(f"  torch.compile of the injected graph: {r['compile_s']:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,157 @@
+"""The Dagster UI as a user meets it: headless Chromium (Debian's) driven by Playwright.
+
+Starts ``dagster dev`` on the project's workspace, opens the asset lineage,
+materializes the ``digits_mlp`` partition of the audit through the UI, waits for
+the run to succeed, opens the audit report's metadata and saves screenshots
+(to ``$GOBLIN_SCREENSHOTS``, default ``.goblin/screenshots``).
+
+Skipped only when ``GOBLIN_SKIP_BROWSER=1``; CI runs it (``make test`` installs
+Chromium from Debian's packages).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(os.environ.get("GOBLIN_SKIP_BROWSER") == "1", reason="GOBLIN_SKIP_BROWSER=1"),
+]
+
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _graphql(url: str, query: str) -> dict:
+    req = urllib.request.Request(f"{url}/graphql", data=json.dumps({"query": query}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read())["data"]
+
+
+@pytest.fixture
+def dagster_ui(tmp_path):
+    home = tmp_path / "home"
+    dagster_home = home / "dagster"
+    dagster_home.mkdir(parents=True)
+    (dagster_home / "dagster.yaml").write_text(
+        "telemetry:\n  enabled: false\nconcurrency:\n  pools:\n    default_limit: 1\n")
+    env = {**os.environ, "GOBLIN_HOME": str(home), "DAGSTER_HOME": str(dagster_home),
+           "GOBLIN_RUNNER_PROFILED_STEPS": "3", "GOBLIN_RUNNER_BENCH_STEPS": "10",
+           "GOBLIN_RUNNER_BENCH_REPEATS": "2", "GOBLIN_RUNNER_SKETCH_STEPS": "2"}
+    # The knowledge base is an unpartitioned upstream of the audit: build it first.
+    subprocess.run([sys.executable, "-c", (
+        "import dagster as dg\nfrom goblin_assets.definitions import defs\n"
+        "inst = dg.DagsterInstance.get()\ninst.add_dynamic_partitions('workloads', ['digits_mlp'])\n"
+        "assert dg.materialize([*defs.assets], selection=['kb_rules', 'kb_index'], instance=inst,"
+        " resources=defs.resources).success\n")], env=env, cwd=REPO, check=True, timeout=600)
+    port = _free_port()
+    log = open(tmp_path / "dagster_dev.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "dagster", "dev", "-w", "workspace.yaml", "-h", "127.0.0.1",
+                             "-p", str(port)], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 240
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/server_info", timeout=5)
+                status = _graphql(url, "{ workspaceOrError { ... on Workspace { locationEntries { loadStatus } } } }")
+                if all(e["loadStatus"] == "LOADED" for e in status["workspaceOrError"]["locationEntries"]):
+                    break
+            except OSError:
+                pass
+            assert proc.poll() is None, (tmp_path / "dagster_dev.log").read_text()[-3000:]
+            assert time.time() < deadline, "dagster dev did not come up in 240 s"
+            time.sleep(2)
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # dagster dev's children ignore SIGTERM here (dagster_notes.md)
+        proc.wait()
+        log.close()
+
+
+def _shots_dir() -> Path:
+    d = Path(os.environ.get("GOBLIN_SCREENSHOTS", REPO / ".goblin" / "screenshots"))
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def _wait_for_run(url: str, timeout_s: float = 900) -> dict:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        runs = _graphql(url, "{ runsOrError { ... on Runs { results { runId status tags { key value } } } } }")
+        results = runs["runsOrError"]["results"]
+        mine = [r for r in results if {"key": "dagster/partition", "value": "digits_mlp"} in r["tags"]]
+        if mine and mine[0]["status"] in ("SUCCESS", "FAILURE", "CANCELED"):
+            return mine[0]
+        time.sleep(5)
+    raise AssertionError("the run launched from the UI did not finish in time")
+
+
+def test_materialize_digits_audit_through_the_ui(dagster_ui):
+    from playwright.sync_api import sync_playwright
+
+    shots = _shots_dir()
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.set_default_timeout(90_000)
+        page.goto(f"{dagster_ui}/asset-groups", wait_until="networkidle")
+        page.locator("button", has_text="Materialize all").first.wait_for()
+        page.wait_for_timeout(3000)
+        if page.get_by_role("button", name="Skip").count():  # first-visit community dialog
+            page.get_by_role("button", name="Skip").click()
+        page.screenshot(path=str(shots / "01_asset_graph.png"))
+        for group in ("configs", "profiling", "kb", "benchmarks", "reports"):
+            assert page.get_by_text(group, exact=True).count() > 0
+        # the audit's partitioned stages are the assets of kind "python"
+        page.locator(".CodeMirror").first.click()
+        page.keyboard.type("kind:python")
+        page.keyboard.press("Enter")
+        page.wait_for_timeout(3000)
+        page.screenshot(path=str(shots / "02_audit_selection.png"))
+        page.locator("button", has_text="Materialize all").first.click()
+        dialog = page.locator(".dagster-dialog")
+        dialog.get_by_text("Launch runs to materialize 11 assets").wait_for()
+        dialog.get_by_text("Select a partition or create one").click()
+        page.get_by_text("digits_mlp", exact=True).first.click()
+        page.keyboard.press("Escape")
+        page.screenshot(path=str(shots / "03_launch_dialog.png"))
+        page.get_by_role("button", name="Launch 1 run").click()
+        run = _wait_for_run(dagster_ui)
+        page.goto(f"{dagster_ui}/runs/{run['runId']}", wait_until="networkidle")
+        page.wait_for_timeout(3000)
+        page.screenshot(path=str(shots / "04_run.png"))
+        assert run["status"] == "SUCCESS", f"run {run['runId']} ended {run['status']}"
+        # the audit report's metadata: the markdown report with the measured speedup and the diff
+        page.goto(f"{dagster_ui}/assets/audit_report?view=events&partition=digits_mlp", wait_until="networkidle")
+        page.get_by_text("Show Markdown").first.wait_for()
+        page.screenshot(path=str(shots / "05_audit_report_events.png"))
+        page.get_by_text("Show Markdown").first.click()  # the "report" entry: the rendered markdown report
+        page.get_by_text("Measured speedup").first.wait_for()
+        page.wait_for_timeout(2000)
+        page.screenshot(path=str(shots / "06_audit_report_markdown.png"))
+        body = page.inner_text("body")
+        assert "Measured speedup" in body
+        assert "data.loader_workers_with_threads" in body
+        browser.close()
