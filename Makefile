@@ -8,7 +8,7 @@ export DAGSTER_HOME ?= $(GOBLIN_HOME)/dagster
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install install-test demo test ui clean
+.PHONY: install install-test system-deps demo test ui clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -25,6 +25,13 @@ $(VENV)/.installed-test: $(VENV)/.installed
 	$(BIN)/pip install --quiet -e ".[test]"
 	touch $@
 
+# The browser test drives Debian's Chromium (Playwright never downloads a browser here).
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+system-deps:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium >/dev/null; }
+
 install: $(VENV)/.installed
 
 install-test: $(VENV)/.installed-test
@@ -36,7 +43,7 @@ $(DAGSTER_HOME)/dagster.yaml:
 demo: install $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/python -m goblin_assets.demo
 
-test: install-test
+test: install-test system-deps
 	$(BIN)/python -m pytest -q
 
 ui: install $(DAGSTER_HOME)/dagster.yaml
