@@ -37,6 +37,7 @@ import pandas as pd
 
 from goblin_assets.errors import GoblinError
 from goblin_assets.runners.base import ToolMissingError
+from goblin_assets.runners.trace import union_length
 from goblin_assets.runners.local import LocalRunner, Mode, RawRun
 from goblin_assets.runners.workload import Workload
 
@@ -330,26 +331,8 @@ def union_ns(frame: pd.DataFrame, lo: int | None = None, hi: int | None = None) 
     """Length of the union of ``[start_ns, end_ns)`` intervals clipped to ``[lo, hi]`` (ns)."""
     if frame.empty:
         return 0
-    a = frame["start_ns"].to_numpy()
-    b = frame["end_ns"].to_numpy()
-    if lo is not None:
-        a = a.clip(min=lo)
-    if hi is not None:
-        b = b.clip(max=hi)
-    keep = b > a
-    a, b = a[keep], b[keep]
-    order = a.argsort(kind="stable")
-    total, cur_a, cur_b = 0, None, None
-    for x, y in zip(a[order].tolist(), b[order].tolist()):
-        if cur_b is None or x > cur_b:
-            if cur_b is not None:
-                total += cur_b - cur_a
-            cur_a, cur_b = x, y
-        else:
-            cur_b = max(cur_b, y)
-    if cur_b is not None:
-        total += cur_b - cur_a
-    return int(total)
+    pairs = zip(frame["start_ns"].tolist(), frame["end_ns"].tolist())
+    return int(union_length(pairs, float("-inf") if lo is None else lo, float("inf") if hi is None else hi))
 
 
 def kernel_breakdown(kernels: pd.DataFrame, top: int | None = 5) -> pd.DataFrame:

@@ -46,8 +46,8 @@ class TraceSummary:
     device_name: str | None = None
 
 
-def _union_us(intervals: list[tuple[float, float]], lo: float, hi: float) -> float:
-    """Total length of the union of ``intervals`` clipped to ``[lo, hi]``."""
+def union_length(intervals, lo: float = float("-inf"), hi: float = float("inf")) -> float:
+    """Total length of the union of ``(start, end)`` intervals clipped to ``[lo, hi]`` (same unit as the input)."""
     clipped = sorted((max(a, lo), min(b, hi)) for a, b in intervals if b > lo and a < hi)
     total, cur_a, cur_b = 0.0, None, None
     for a, b in clipped:
@@ -132,9 +132,9 @@ def read_trace(path: str | Path) -> TraceSummary:
     steps.sort(key=lambda s: s.index)
     ops_outside = _subtract(ops, loaders)
     for s in steps:
-        s.data_wait_us = _union_us(loaders, s.start_us, s.end_us)
-        s.op_us = _union_us(ops_outside, s.start_us, s.end_us)
-        s.device_busy_us = _union_us(device, s.start_us, s.end_us)
+        s.data_wait_us = union_length(loaders, s.start_us, s.end_us)
+        s.op_us = union_length(ops_outside, s.start_us, s.end_us)
+        s.device_busy_us = union_length(device, s.start_us, s.end_us)
     props = doc.get("deviceProperties") or []
     return TraceSummary(
         steps=steps,
