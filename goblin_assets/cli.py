@@ -160,8 +160,11 @@ def build_parser() -> argparse.ArgumentParser:
     pa.set_defaults(fn=cmd_parse)
 
     from goblin_assets.cli_kb import add_kb_parser
+    from goblin_assets.cli_opscope import add_opscope_parser
+    from goblin_assets.cli_opscope_mine import add_mining_parsers
 
     add_kb_parser(sub)
+    add_mining_parsers(add_opscope_parser(sub))
 
     s = sub.add_parser("sql", help="run a SQL query on the warehouse")
     s.add_argument("query")

@@ -44,6 +44,19 @@ def _findings_json(patterns: pd.DataFrame) -> list[dict]:
              "evidence": json.loads(r.evidence_json)} for r in patterns.itertuples()]
 
 
+def _brief(ev: dict, limit: int = 160) -> str:
+    """The evidence's numbers on one line (nested dicts flattened one level), for the table view."""
+    flat: dict = {}
+    for k, v in ev.items():
+        if isinstance(v, dict):
+            flat.update({f"{k}.{kk}": vv for kk, vv in v.items()})
+        else:
+            flat[k] = v
+    parts = [f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in flat.items()
+             if isinstance(v, (int, float, str, bool)) and k not in ("note", "dtype")]
+    return ", ".join(parts)[:limit]
+
+
 def _emit(args, title: str, patterns: pd.DataFrame, frames: dict[str, pd.DataFrame]) -> int:
     """Write ``frames`` to the warehouse (one transaction) and print the findings."""
     from goblin_assets.warehouse.db import write
@@ -58,10 +71,7 @@ def _emit(args, title: str, patterns: pd.DataFrame, frames: dict[str, pd.DataFra
     for c in ("site", "role", "finding", "score", "evidence"):
         t.add_column(c, overflow="fold")
     for r in patterns.itertuples():
-        ev = json.loads(r.evidence_json)
-        brief = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in ev.items()
-                          if isinstance(v, (int, float, str, bool)) and k != "note")[:160]
-        t.add_row(r.site, r.role, r.finding, f"{r.score:.3g}", brief)
+        t.add_row(r.site, r.role, r.finding, f"{r.score:.3g}", _brief(json.loads(r.evidence_json)))
     out.print(t)
     return 0
 

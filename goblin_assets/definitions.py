@@ -6,12 +6,14 @@ import dagster as dg
 from goblin_assets.defs.audit import AUDIT_ASSETS
 from goblin_assets.defs.checks import AUDIT_CHECKS
 from goblin_assets.defs.automation import automation_sensor, observe_rocm_image_daily, observe_rocm_image_job
+from goblin_assets.defs.mining import MINING_ASSETS
+from goblin_assets.defs.opscope import OPSCOPE_ASSETS
 from goblin_assets.defs.partitions import workload_folders_sensor
 from goblin_assets.defs.sql import SQL_ASSETS
 from goblin_assets.defs.resources import runner_from_env, warehouse_resource
 
 defs = dg.Definitions(
-    assets=[*AUDIT_ASSETS, *SQL_ASSETS],
+    assets=[*AUDIT_ASSETS, *OPSCOPE_ASSETS, *MINING_ASSETS, *SQL_ASSETS],
     asset_checks=AUDIT_CHECKS,
     sensors=[workload_folders_sensor, automation_sensor],
     schedules=[observe_rocm_image_daily],

@@ -90,8 +90,10 @@ def test_probe_shapes_and_graph_verbs(goblin_home, tmp_path, capsys):
     (tmp_path / "g.txt").write_text("\n".join(edges) + "\n")
     flow = _run(capsys, "graph", str(tmp_path / "g.txt"), "--json")
     top = flow[0]
-    assert top["finding"] == "fusion_candidate" and top["evidence"]["count"] == 3
-    assert top["evidence"]["name"] == "fused_matmul_bias_act"
+    assert top["finding"] == "fusion_candidate" and top["evidence"]["count"] == 3 and top["evidence"]["size"] == 3
+    inner = [f for f in flow if f["evidence"]["within"] == top["evidence"]["cone_id"]]
+    assert [(f["evidence"]["name"], f["evidence"]["ops"]) for f in inner] == [("fused_matmul_bias_act",
+                                                                               ["relu", "linear"])]
 
 
 def test_mining_assets_materialize_against_duckdb(tmp_path):

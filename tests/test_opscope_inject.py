@@ -112,6 +112,18 @@ def test_weights_once_per_step_and_one_readback_per_step(toy, injected):
     assert set(rows.step) == {1}
 
 
+def test_weight_sketches_recomputed_only_when_a_weight_changes():
+    torch.manual_seed(3)
+    model, x = Toy().eval(), torch.randn(2, 5, 8)
+    inj = inject_matmul_stats(model, (x,))
+    first = inj.weight_vector()
+    assert inj.weight_vector() is first                       # frozen: computed once
+    with torch.no_grad():
+        model.l1.weight.mul_(2.0)                             # an in-place update, as optimizer.step() does
+    second = inj.weight_vector()
+    assert second is not first and not torch.equal(second, first)
+
+
 def test_sampled_recorder_records_every_kth_step(toy, injected):
     _, x = toy
     rec = Recorder(injected, every=3)

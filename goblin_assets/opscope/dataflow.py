@@ -55,16 +55,17 @@ _ACT_KINDS = {"relu", "gelu", "silu", "tanh", "sigmoid", "relu_", "gelu_", "silu
 _NORM_KINDS = {"layer_norm", "rms_norm", "native_layer_norm", "group_norm", "layernorm", "rmsnorm"}
 
 #: Fusion templates, first match names the class: (name, kind groups that must
-#: all be present, minimum matmul-family ops, maximum cone size or None).
+#: all be present, minimum matmul-family ops, maximum cone size or None, kinds
+#: the cone's root must have or None).
 #: Attention with softmax -> fused attention block (FlashAttention, Dao et al. 2022);
 #: matmul + bias + activation -> a GEMM epilogue (cuBLASLt / hipBLASLt epilogues);
 #: top-k gating + grouped matmuls -> a fused MoE block (MegaBlocks, Gale et al. 2023).
-FUSION_TEMPLATES: list[tuple[str, list[set[str]], int, int | None]] = [
-    ("fused_moe_block", [{"topk"}], 2, None),
-    ("fused_transformer_layer", [{"softmax"}, _ACT_KINDS, _NORM_KINDS], 4, None),
-    ("fused_attention_block", [{"softmax", "_softmax"}], 2, None),
-    ("fused_matmul_bias_act", [_ACT_KINDS], 1, 4),
-    ("fused_add_norm", [{"add"}, _NORM_KINDS], 0, 3),
+FUSION_TEMPLATES: list[tuple[str, list[set[str]], int, int | None, set[str] | None]] = [
+    ("fused_moe_block", [{"topk"}], 2, None, None),
+    ("fused_transformer_layer", [{"softmax"}, _ACT_KINDS, _NORM_KINDS], 4, None, None),
+    ("fused_attention_block", [{"softmax"}], 2, None, None),
+    ("fused_matmul_bias_act", [_ACT_KINDS], 1, 4, _ACT_KINDS),
+    ("fused_add_norm", [{"add"}, _NORM_KINDS], 0, 3, _NORM_KINDS),
 ]
 
 
@@ -355,11 +356,12 @@ def _grow(g: OpGraph, roots: Sequence[str], max_depth: int) -> list[tuple[str, .
 
 
 def fusion_name(kinds: Sequence[str]) -> list[str]:
-    """Names of the fusion templates a cone with these op kinds matches (first = primary)."""
+    """Names of the fusion templates a cone matches (first = primary); ``kinds[0]`` is the cone's root."""
     ks = set(kinds)
     n_mm = sum(1 for k in kinds if k in _MATMUL_KINDS)
-    names = [name for name, groups, min_mm, max_size in FUSION_TEMPLATES
-             if all(ks & grp for grp in groups) and n_mm >= min_mm and (max_size is None or len(kinds) <= max_size)]
+    names = [name for name, groups, min_mm, max_size, root in FUSION_TEMPLATES
+             if all(ks & grp for grp in groups) and n_mm >= min_mm and (max_size is None or len(kinds) <= max_size)
+             and (root is None or (kinds and kinds[0] in root))]
     return names or ["repeated_subgraph"]
 
 
@@ -374,12 +376,13 @@ def flow(g: OpGraph, max_depth: int = 32, seed_depths: Sequence[int] = (1, 2, 3,
 
     Ranking: score ``count x (size + 1)`` (the +1 favours the repeated unit
     over a concatenation of units), ties broken by size and then by the later
-    root.  A class whose nodes lie inside a higher-ranked top-level class is
-    reported as ``within`` it (every instance inside one instance of the
-    parent) only when it matches a named template other than the parent's
-    (one per parent and name);
-    a class overlapping a higher-ranked one by half or more
-    of its nodes is a shifted copy and dropped.
+    root.  A class whose every instance lies inside one instance of a
+    higher-ranked top-level class is reported ``within`` it, only when it
+    matches a named template other than the parent's, one per parent and
+    template (the smallest cone for size-bounded templates such as
+    MatMulBiasAct, the best score otherwise); a class overlapping a
+    higher-ranked one by half or more of its nodes is a shifted copy and
+    dropped.  Rows are ordered top-level class first, then its sub-candidates.
 
     Returns
     -------
@@ -421,39 +424,49 @@ def flow(g: OpGraph, max_depth: int = 32, seed_depths: Sequence[int] = (1, 2, 3,
                             "score": len(roots) * (len(tuples) + 1),
                             "last_root": max(order[r] for r in roots)}
     ranked = sorted(classes.values(), key=lambda c: (-c["score"], -c["size"], -c["last_root"]))
-    top_level: list[dict] = []
-    named_within: set[tuple[int, str]] = set()
-    rows = []
     for c in ranked:
-        names = fusion_name(c["kinds"])
+        c["names"] = fusion_name(c["kinds"])
+    # pass 1: top-level classes (not inside, and not a shifted copy of, a higher-ranked one)
+    top_level: list[dict] = []
+    inside: list[tuple[int, dict]] = []
+    for c in ranked:
         parent = next((i for i, t in enumerate(top_level)
                        if all(any(inst <= p for p in t["instances"]) for inst in c["instances"])), None)
         if parent is not None:
-            same_cone = all(inst in top_level[parent]["instances"] for inst in c["instances"])
-            if same_cone or names[0] in ("repeated_subgraph", top_level[parent]["name"]) \
-                    or (parent, names[0]) in named_within:
-                continue
-            named_within.add((parent, names[0]))
-        elif any(len(c["nodes"] & t["nodes"]) * 2 >= len(c["nodes"]) for t in top_level):
+            if not all(inst in top_level[parent]["instances"] for inst in c["instances"]):  # not the same cone
+                inside.append((parent, c))
+        elif not any(len(c["nodes"] & t["nodes"]) * 2 >= len(c["nodes"]) for t in top_level):
+            top_level.append(c)
+    # pass 2: one named sub-candidate per (parent, template): the smallest cone for size-bounded
+    # templates (an epilogue fusion's natural unit), the best score otherwise
+    bounded = {name for name, _, _, max_size, _ in FUSION_TEMPLATES if max_size is not None}
+    best: dict[tuple[int, str], dict] = {}
+    for parent, c in inside:
+        name = c["names"][0]
+        if name in ("repeated_subgraph", top_level[parent]["names"][0]):
             continue
-        else:
-            top_level.append({**c, "name": names[0]})
-        rows.append({"cone_id": f"cone{len(rows)}", "name": names[0], "names": names, "count": c["count"],
-                     "size": c["size"], "score": c["score"], "depth": c["depth"], "root_kind": c["kinds"][0],
-                     "roots": c["roots"], "ops": c["kinds"],
-                     "within": None if parent is None else f"top{parent}",
-                     "coverage": len(c["nodes"]) / max(len(ops), 1), "_top": None if parent is not None
-                     else len(top_level) - 1})
-        if len(rows) >= top:
-            break
-    # map top-level indices to cone ids
-    top_ids = {r["_top"]: r["cone_id"] for r in rows if r["_top"] is not None}
+        key = (c["size"], -c["count"]) if name in bounded else (-c["score"], -c["size"])
+        old = best.get((parent, name))
+        if old is None or key < ((old["size"], -old["count"]) if name in bounded else (-old["score"], -old["size"])):
+            best[(parent, name)] = c
+    rows = []
+    for ti, t in enumerate(top_level):
+        for c, parent in [(t, None)] + [(c, ti) for (p, _), c in sorted(best.items(), key=lambda kv: -kv[1]["score"])
+                                         if p == ti]:
+            rows.append({"cone_id": f"cone{len(rows)}", "name": c["names"][0], "names": c["names"],
+                         "count": c["count"], "size": c["size"], "score": c["score"], "depth": c["depth"],
+                         "root_kind": c["kinds"][0], "roots": c["roots"], "ops": c["kinds"],
+                         "within": None if parent is None else f"top{parent}",
+                         "coverage": len(c["nodes"]) / max(len(ops), 1)})
+    top_ids = {}
+    for r in rows:
+        if r["within"] is None:
+            top_ids[len(top_ids)] = r["cone_id"]
     for r in rows:
         if r["within"] is not None:
-            r["within"] = top_ids.get(int(r["within"][3:]))
-        del r["_top"]
-    return pd.DataFrame(rows, columns=["cone_id", "name", "names", "count", "size", "score", "depth", "root_kind",
-                                       "roots", "ops", "within", "coverage"])
+            r["within"] = top_ids[int(r["within"][3:])]
+    return pd.DataFrame(rows[:top], columns=["cone_id", "name", "names", "count", "size", "score", "depth",
+                                             "root_kind", "roots", "ops", "within", "coverage"])
 
 
 def flow_findings(cones: pd.DataFrame, run_id: str = "flow", workload: str = "graph") -> pd.DataFrame:

@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from goblin_assets.errors import GoblinError
-from goblin_assets.opscope.inject import Gate, InjectedModel, Recorder, SiteFilter, inject_matmul_stats
+from goblin_assets.opscope.inject import Gate, Recorder, SiteFilter, inject_matmul_stats
 from goblin_assets.opscope.record import SKETCH_COLUMNS
 
 #: The value distributions of the sweep, in order.

@@ -1,10 +1,10 @@
 """Inference dynamics: what softmax and top-k routing taps say about attention and experts.
 
-Input: tidy sketch rows with role ``probs`` (softmax taps) or ``route`` (top-k
-routing taps).  Stat names are read tolerantly (the recording side decides
-them; :data:`PROBS_PEAK`, :data:`PROBS_MASS`, :data:`ROUTE_LOAD` list the names
-understood); a finding whose stat is absent is skipped, and the skip is itself
-reported (finding ``not_observable``) so silence is never ambiguous.
+Input: tidy sketch rows with role ``probs`` (softmax taps: ``peak_prob`` per
+query, ``key_mass`` per key) or ``route`` (top-k taps: ``expert_load`` per
+expert), as :mod:`goblin_assets.opscope.sketches` defines them.  A finding
+whose statistic is absent is skipped, and the skip is itself reported
+(finding ``not_observable``) so silence is never ambiguous.
 
 Attention (per softmax site):
 
@@ -52,21 +52,16 @@ COLD_SHARE = 0.02
 #: Experts above this multiple of the uniform share (1/E) are hot.  Source: goblin's choice.
 HOT_FACTOR = 2.0
 
-#: Stat names understood for each quantity, first found wins.
-#: The recording side's names (:mod:`goblin_assets.opscope.sketches`) come first.
-PROBS_PEAK_HIST = ("peak_hist",)                         # histogram of per-query peaks over [0, 1]
-PROBS_PEAK = ("peak_prob", "q_peak", "peak")             # per-query peak probability (idx = query)
-PROBS_MASS = ("key_mass", "k_mass", "mass")              # per-key received mass (idx = key)
-ROUTE_LOAD = ("expert_load", "load", "counts")           # per-expert load (idx = expert)
+#: The statistics read (names of :mod:`goblin_assets.opscope.sketches`).
+PEAK_STAT = "peak_prob"      # per-query peak probability (idx = query)
+MASS_STAT = "key_mass"       # per-key received attention mass (idx = key)
+LOAD_STAT = "expert_load"    # per-expert share of (token, choice) assignments (idx = expert)
 
 
-def _vector(g: pd.DataFrame, names: Sequence[str]) -> tuple[str | None, np.ndarray | None]:
-    """The first stat of ``names`` present in ``g`` as a vector over idx, averaged over steps."""
-    for name in names:
-        s = g[g["stat"] == name]
-        if not s.empty:
-            return name, s.groupby("idx")["value"].mean().sort_index().to_numpy(dtype=float)
-    return None, None
+def _vector(g: pd.DataFrame, stat: str) -> np.ndarray | None:
+    """``stat`` as a vector over idx, averaged over steps; None when not recorded."""
+    s = g[g["stat"] == stat]
+    return None if s.empty else s.groupby("idx")["value"].mean().sort_index().to_numpy(dtype=float)
 
 
 def _row(run_id, workload, site, role, finding, score, ev) -> dict:
@@ -78,24 +73,17 @@ def attention_findings(g: pd.DataFrame, run_id: str, workload: str, site: str) -
     """Findings of one softmax site's rows (role ``probs``); see the module docstring."""
     out = []
     ev: dict = {"steps": int(g["step"].nunique()) if "step" in g else 1}
-    hname, hist = _vector(g, PROBS_PEAK_HIST)
-    pname, peaks = _vector(g, PROBS_PEAK)
-    if hist is not None and hist.sum() > 0:
-        edges = np.linspace(0.0, 1.0, len(hist) + 1)
-        above = edges[:-1] >= PEAK_THRESHOLD - 1e-12
-        share = float(hist[above].sum() / hist.sum())
-        ev.update({"peak_stat": hname, "bins": int(len(hist))})
-    elif peaks is not None and len(peaks):
+    peaks = _vector(g, PEAK_STAT)
+    share = None
+    if peaks is not None and len(peaks):
         share = float((peaks > PEAK_THRESHOLD).mean())
-        ev.update({"peak_stat": pname, "queries": int(len(peaks)), "mean_peak": float(peaks.mean())})
-    else:
-        share = None
-    mname, mass = _vector(g, PROBS_MASS)
+        ev.update({"queries": int(len(peaks)), "mean_peak": float(peaks.mean())})
+    mass = _vector(g, MASS_STAT)
     if mass is not None and mass.sum() > 0:
         n_keys = int((mass > 0).sum())
         tot = float(mass.sum())
         k = max(1, math.ceil(HEAVY_HITTER_FRAC * n_keys))
-        ev.update({"mass_stat": mname, "keys": n_keys, "top_k": k,
+        ev.update({"keys": n_keys, "top_k": k,
                    "top_k_mass_share": float(np.sort(mass)[::-1][:k].sum() / tot),
                    "first_token_share": float(mass[0] / tot), "uniform_share": 1.0 / max(n_keys, 1)})
     if share is not None:
@@ -104,26 +92,26 @@ def attention_findings(g: pd.DataFrame, run_id: str, workload: str, site: str) -
                         "sparse_attention" if share >= SPARSE_SHARE else "dense_attention", share, ev))
     else:
         out.append(_row(run_id, workload, site, "probs", "not_observable", 0.0,
-                        {**ev, "skipped": f"sparse_attention: none of {PROBS_PEAK_HIST + PROBS_PEAK} recorded"}))
+                        {**ev, "skipped": f"sparse_attention: {PEAK_STAT} not recorded"}))
     if "first_token_share" in ev:
         if ev["first_token_share"] >= SINK_FACTOR * ev["uniform_share"]:
             out.append(_row(run_id, workload, site, "probs", "attention_sink", ev["first_token_share"], ev))
     else:
         out.append(_row(run_id, workload, site, "probs", "not_observable", 0.0,
-                        {**ev, "skipped": f"attention_sink/heavy hitters: none of {PROBS_MASS} recorded"}))
+                        {**ev, "skipped": f"attention_sink/heavy hitters: {MASS_STAT} not recorded"}))
     return out
 
 
 def routing_findings(g: pd.DataFrame, run_id: str, workload: str, site: str) -> list[dict]:
     """Findings of one top-k routing site's rows (role ``route``): cold and hot experts."""
-    lname, load = _vector(g, ROUTE_LOAD)
+    load = _vector(g, LOAD_STAT)
     if load is None or load.sum() <= 0:
         return [_row(run_id, workload, site, "route", "not_observable", 0.0,
-                     {"skipped": f"expert load: none of {ROUTE_LOAD} recorded"})]
+                     {"skipped": f"expert load: {LOAD_STAT} not recorded"})]
     share = load / load.sum()
     n = len(share)
     out = []
-    base = {"load_stat": lname, "experts": n, "shares": [float(s) for s in share],
+    base = {"experts": n, "shares": [float(s) for s in share],
             "cold_below": COLD_SHARE, "hot_above": HOT_FACTOR / n}
     for e, s in enumerate(share):
         if s < COLD_SHARE:

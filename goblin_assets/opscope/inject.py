@@ -15,7 +15,8 @@ and top-k routing (role ``route``).
 
 Weights (operands read from parameters, ``get_attr`` nodes) are not sketched
 in the graph: :class:`Recorder` sketches them once per step, whatever the
-number of forward calls.  :class:`Recorder` also reads a step's sketches back
+number of forward calls, and only if a weight changed since (a frozen
+model's weights are sketched once per run).  :class:`Recorder` also reads a step's sketches back
 to the host once (one ``torch.cat(...).cpu()``), never per op, and can record
 only every k-th step.
 
@@ -142,6 +143,10 @@ class InjectedModel:
     without taps (same parameters), used on steps that are not recorded.
     ``taps`` are the in-graph records (offsets into the packed vector),
     ``weight_taps`` the parameter records (offsets into :meth:`weight_vector`).
+    Site names: the issuing module's qualified name for a linear layer
+    (``encoder.layer.0.attention.self.query``), ``path:op_k`` for the k-th
+    other op of a module (``encoder.layer.0.attention.self:matmul_1``,
+    ``...:softmax_0``), ``op_k`` at the root.
     """
 
     module: fx.GraphModule
@@ -158,6 +163,7 @@ class InjectedModel:
     notes: list[str] = field(default_factory=list)
     stats: tuple[str, ...] = STATS
     row_sample: int | None = ROW_SAMPLE
+    _weight_cache: tuple | None = field(default=None, repr=False)
 
     @property
     def sites(self) -> list[str]:
@@ -177,11 +183,20 @@ class InjectedModel:
         return pytree.tree_unflatten(list(out[:-1]), self.out_spec), out[-1]
 
     def weight_vector(self) -> torch.Tensor:
-        """Sketches of every tapped parameter, concatenated (float64, on device; no host copy)."""
-        if not self.weight_names:
-            return torch.zeros(0, dtype=torch.float64)
-        return torch.cat([sketch_vector(_get_attr(self.module, n), self.stats, self.row_sample)
-                          for n in self.weight_names])
+        """Sketches of every tapped parameter, concatenated (float64, on device; no host copy).
+
+        Recomputed only when a weight changed since the last call (its tensor
+        version counter, bumped by every in-place update such as
+        ``optimizer.step()``, or a new tensor): a frozen model's weights are
+        sketched once per run, a trained one's once per step.
+        """
+        ws = [_get_attr(self.module, n) for n in self.weight_names]
+        key = tuple((id(w), w._version, w.data_ptr()) for w in ws)
+        if self._weight_cache is None or self._weight_cache[0] != key:
+            vec = (torch.cat([sketch_vector(w, self.stats, self.row_sample) for w in ws]) if ws
+                   else torch.zeros(0, dtype=torch.float64))
+            self._weight_cache = (key, vec)
+        return self._weight_cache[1]
 
     def check(self, reference: Callable, *args, **kwargs) -> Gate:
         """The correctness gate on these inputs: ``reference(*args, **kwargs)`` vs the injected outputs.
@@ -242,7 +257,8 @@ def _shape(node) -> tuple[int, ...] | None:
         return None
 
 
-def _module_path(node: fx.Node, gm: fx.GraphModule) -> str:
+def _module_path(node: fx.Node) -> str:
+    """Qualified name of the module that issued ``node`` ('' for the root)."""
     if node.op == "call_module":
         return str(node.target)
     stack = node.meta.get("nn_module_stack")
@@ -339,8 +355,8 @@ def _propagate_shapes(gm: fx.GraphModule, args: tuple, kwargs: dict) -> None:
     ShapeProp(gm).propagate(*flat)
 
 
-def _flat_outputs(graph: fx.Graph, frontend: str):
-    """(leaves, spec) of the graph's output node."""
+def _flat_outputs(graph: fx.Graph):
+    """(output node, leaves, pytree spec of the model's own outputs)."""
     out = next(n for n in graph.nodes if n.op == "output")
     cg = graph._codegen
     info = getattr(cg, "pytree_info", None)
@@ -366,7 +382,7 @@ def _inject(model, args: tuple, kwargs: dict, kinds: set[str], stats: tuple[str,
     info = getattr(cg, "pytree_info", None)
     if info is not None:
         graph._codegen = type(cg)(info)
-    out_node, leaves, out_spec = _flat_outputs(graph, frontend)
+    out_node, leaves, out_spec = _flat_outputs(graph)
 
     flt = site_filter or SiteFilter()
     taps: list[Tap] = []
@@ -379,7 +395,7 @@ def _inject(model, args: tuple, kwargs: dict, kinds: set[str], stats: tuple[str,
         if c is None or c[0] not in kinds:
             continue
         kind, op, detail = c
-        path = _module_path(node, plain)
+        path = _module_path(node)
         k = counts.get((path, op), 0)
         counts[(path, op)] = k + 1
         site = path if (op == "linear" and k == 0 and path) else (f"{path}:{op}_{k}" if path else f"{op}_{k}")
@@ -389,7 +405,7 @@ def _inject(model, args: tuple, kwargs: dict, kinds: set[str], stats: tuple[str,
         notes.append(f"{type(model).__name__} uses fused scaled_dot_product_attention ({sdpa} nodes): no softmax "
                      f"node exists, so no attention taps; load it with attn_implementation='eager' to tap softmax")
 
-    # insert one reduction per distinct (node, vector function), right after the node it reads
+    # one reduction node per distinct (tensor, sketch function); weights go to the per-step weight vector
     slots: dict = {}
     packed_nodes: list[fx.Node] = []
     offset = 0

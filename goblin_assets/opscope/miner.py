@@ -59,16 +59,42 @@ SCALARS = ("min", "max", "mean", "l1", "sumsq", "nnz", "kurtosis", "chan_outlier
 _LOW_RANK_NOTE = "low rank is not observable from these sketches; a host probe is needed (goblin opscope probe)"
 
 
-def _vec(g: pd.DataFrame, stat: str) -> dict[int, np.ndarray]:
-    """Per step, the vector of ``stat`` ordered by idx (empty dict when not recorded)."""
-    s = g[g["stat"] == stat]
-    return {int(step): gs.sort_values("idx")["value"].to_numpy(dtype=float) for step, gs in s.groupby("step")}
+class _Rows:
+    """One (site, role) group of sketch rows as numpy arrays per statistic, sorted by (step, idx) once."""
+
+    def __init__(self, g: pd.DataFrame):
+        self.g = g
+        codes, names = pd.factorize(g["stat"])
+        step, idx = g["step"].to_numpy(dtype=np.int64), g["idx"].to_numpy(dtype=np.int64)
+        order = np.lexsort((idx, step, codes))
+        codes, step, idx = codes[order], step[order], idx[order]
+        val = g["value"].to_numpy(dtype=float)[order]
+        numel = g["numel"].to_numpy(dtype=float)[order]
+        cuts = np.flatnonzero(np.diff(codes)) + 1
+        self.by = {names[c[0]]: (st, ix, v, n) for c, st, ix, v, n in
+                   zip(np.split(codes, cuts), np.split(step, cuts), np.split(idx, cuts), np.split(val, cuts),
+                       np.split(numel, cuts)) if len(c)}
+
+    def vec(self, stat: str) -> dict[int, np.ndarray]:
+        """Per step, the vector of ``stat`` ordered by idx (empty dict when not recorded)."""
+        if stat not in self.by:
+            return {}
+        step, _, val, _ = self.by[stat]
+        steps, starts = np.unique(step, return_index=True)
+        return {int(s): v for s, v in zip(steps, np.split(val, starts[1:]))}
+
+    def scal(self, stat: str, col: str = "value") -> pd.Series:
+        """Per step, the scalar ``stat`` (idx 0), or the ``numel`` of its rows (``col="numel"``)."""
+        if stat not in self.by:
+            return pd.Series(dtype=float)
+        step, idx, val, numel = self.by[stat]
+        m = idx == 0
+        steps, first = np.unique(step[m], return_index=True)
+        return pd.Series((val if col == "value" else numel)[m][first], index=steps)
 
 
-def _scal(g: pd.DataFrame, stat: str) -> pd.Series:
-    """Per step, the scalar ``stat`` (idx 0)."""
-    s = g[(g["stat"] == stat) & (g["idx"] == 0)]
-    return s.groupby("step")["value"].first()
+def _rows(g) -> _Rows:
+    return g if isinstance(g, _Rows) else _Rows(g)
 
 
 def site_stats(g: pd.DataFrame) -> tuple[dict, list[str]]:
@@ -82,24 +108,24 @@ def site_stats(g: pd.DataFrame) -> tuple[dict, list[str]]:
         plus ``absmax``, ``mean``, ``kurtosis``, ``steps`` and the LLM.int8()
         outlier counts; and the list of skipped rules with the reason.
     """
-    ev: dict = {"steps": int(g["step"].nunique())}
+    r = _rows(g)
+    ev: dict = {"steps": int(r.g["step"].nunique())}
     skipped: list[str] = []
-    nnz = _scal(g, "nnz")
-    numel = g[(g["stat"] == "nnz") & (g["idx"] == 0)].groupby("step")["numel"].first()
+    nnz, numel = r.scal("nnz"), r.scal("nnz", "numel")
     if len(nnz) and (numel > 0).all():
         ev["density"] = float((nnz / numel).mean())
     else:
         skipped.append("sparse_gemm: nnz not recorded")
-    mn, mx = _scal(g, "min"), _scal(g, "max")
+    mn, mx = r.scal("min"), r.scal("max")
     if len(mn) and len(mx):
         ev["absmax"] = float(np.maximum(mx.abs(), mn.abs()).max())
     for stat in ("mean", "kurtosis"):
-        s = _scal(g, stat)
-        if len(s):
-            ev[stat] = float(s.mean())
+        v = r.scal(stat)
+        if len(v):
+            ev[stat] = float(v.mean())
 
-    cmax = _vec(g, "chan_maxabs")
-    co = _scal(g, "chan_outlier")
+    cmax = r.vec("chan_maxabs")
+    co = r.scal("chan_outlier")
     if len(co):
         ev["outlier_ratio"] = float(co.mean())
     elif cmax:
@@ -110,20 +136,20 @@ def site_stats(g: pd.DataFrame) -> tuple[dict, list[str]]:
         ch = np.max(np.stack([v for v in cmax.values() if len(v) == len(next(iter(cmax.values())))]), axis=0)
         n_out = int((ch >= INT8_ABS_OUTLIER).sum())
         ev.update({"int8_outlier_channels": n_out, "int8_outlier_channel_share": n_out / max(len(ch), 1)})
-        pmax = _vec(g, "pos_maxabs")
+        pmax = r.vec("pos_maxabs")
         if pmax:
             ev["int8_outlier_position_share"] = float(np.mean([(v >= INT8_ABS_OUTLIER).mean() for v in pmax.values()]))
         else:
             ev["int8_outlier_position_share"] = None
             ev["int8_position_note"] = "share of positions needs a per-position max (pos_maxabs), not recorded"
 
-    hist = _vec(g, "hist")
+    hist = r.vec("hist")
     if hist:
         ev["top_bin_share"] = float(np.mean([h.max() / h.sum() for h in hist.values() if h.sum() > 0] or [0.0]))
     else:
         skipped.append("quantize_lut: hist not recorded")
 
-    pos, adj = _vec(g, "pos_sumsq"), _vec(g, "adj_sumsq")
+    pos, adj = r.vec("pos_sumsq"), r.vec("adj_sumsq")
     if pos and adj:
         ratios = []
         for step, p in pos.items():
@@ -174,16 +200,23 @@ def stationarity(g: pd.DataFrame) -> tuple[str, float, dict] | None:
     updates can have an l1 CV below 1e-4 and still change every step; only an
     exact repeat makes prepacking safe (the plan's guard reads this).
     """
-    l1 = _scal(g, "l1").to_numpy(dtype=float)
+    r = _rows(g)
+    l1 = r.scal("l1").to_numpy(dtype=float)
     if len(l1) < 2:
         return None
     cv = float(np.std(l1) / (abs(np.mean(l1)) + 1e-30))
     label = "stationary" if cv < STATIONARY_CV else "drifting"
-    per_step = g[g["stat"].isin(SCALARS + ("sample",))].pivot_table(index=["stat", "idx"], columns="step",
-                                                                     values="value", aggfunc="first")
-    exact = bool((per_step.nunique(axis=1, dropna=False) <= 1).all())
+    checked = [st for st in SCALARS + ("sample",) if st in r.by]
+    exact = True
+    for st in checked:
+        step, idx, val, _ = r.by[st]
+        o = np.lexsort((step, idx))
+        i, v = idx[o], val[o]
+        same = i[1:] == i[:-1]
+        _, counts = np.unique(i, return_counts=True)
+        exact &= bool(np.array_equal(v[1:][same], v[:-1][same]) and (counts == len(l1)).all())
     ev = {"l1_cv": cv, "steps": int(len(l1)), "threshold": STATIONARY_CV, "exact_repeat": exact,
-          "repeat_checked": sorted(set(per_step.index.get_level_values(0)))}
+          "repeat_checked": checked}
     if label == "stationary" and not exact:
         ev["note"] = "l1 nearly constant but the values change (e.g. small optimizer updates): not an exact repeat"
     return label, 1.0 - min(cv, 1.0), ev
@@ -216,14 +249,15 @@ def mine_patterns(sketches: pd.DataFrame) -> pd.DataFrame:
     df = df.assign(_site=np.where(n_dist > 1, df["site"] + "@" + df["dist"].astype(str), df["site"]))
     out = []
     for (run_id, workload, site, role), g in df.groupby(["run_id", "workload", "_site", "role"], sort=False):
-        ev, skipped = site_stats(g)
+        rows = _Rows(g)
+        ev, skipped = site_stats(rows)
         finding, score = classify(ev)
         if finding == "dense_not_observable":
             ev["note"] = _LOW_RANK_NOTE
         if skipped:
             ev["skipped"] = skipped
         out.append((run_id, workload, site, role, finding, score, ev))
-        st = stationarity(g)
+        st = stationarity(rows)
         if st is not None:
             out.append((run_id, workload, site, role, st[0], st[1], st[2]))
     return pd.DataFrame(

@@ -16,14 +16,15 @@ the plan gives
 * a **measured** speedup from an A/B micro-benchmark on this machine at the
   site's real GEMM shape (M, K, N from the sketch rows): the dense
   ``torch.mm`` against the specialised form, each timed with
-  ``torch.utils.benchmark.Timer`` (median of repeated blocks, :func:`time_call`), with the operand synthesised at the recorded density / value range.
+  ``torch.utils.benchmark.Timer`` (median of repeated blocks, :func:`time_call`;
+  sites with the same exploit, shape and parameter share one A/B), with the operand synthesised at the recorded density / value range.
 
 Specialised forms measured (CPU and CUDA unless noted): CSR sparse matmul
 (``Tensor.to_sparse_csr`` + ``@``, conversion included, since activations change
 every step) and column compaction of all-zero channels when ``chan_maxabs``
 shows dead channels; int8 ``torch._int_mm`` with dynamic per-tensor
 quantisation of the activation and a pre-quantised weight (quantise, int8 GEMM,
-rescale all included); prepacked weights via oneDNN (``torch.utils.mkldnn``'s
+rescale all included) and, on the CPU, torch.ao's dynamically quantised Linear; prepacked weights via oneDNN (``torch.utils.mkldnn``'s
 ``MkldnnLinear``, CPU) and a factored ``(M,K)@(K,r)@(r,N)`` matmul at the probe's rank for 10% error.  A form the
 machine cannot run is reported with ``measured_speedup`` empty and the reason,
 never with a made-up number.
@@ -92,7 +93,8 @@ def time_call(fn: Callable[[], object], repeats: int = REPEATS, block_s: float =
     return Timing(float(np.median(times)), times)
 
 
-def _operand(shape: tuple[int, int], density: float, seed: int, dead_cols: int = 0) -> torch.Tensor:
+def _operand(shape: tuple[int, int], density: float, seed: int, dead_cols: int = 0,
+             device: str = "cpu") -> torch.Tensor:
     """A float32 operand with i.i.d. zeros at ``1 - density`` (after zeroing ``dead_cols`` whole columns)."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(shape, generator=g)
@@ -103,11 +105,11 @@ def _operand(shape: tuple[int, int], density: float, seed: int, dead_cols: int =
         x[:, dead_cols:] *= (torch.rand(shape[0], live, generator=g) < p_keep)
     else:
         x *= (torch.rand(shape, generator=g) < density)
-    return x
+    return x.to(device)
 
 
 def ab_sparse(m: int, k: int, n: int, density: float, role: str, dead_share: float = 0.0,
-              repeats: int = REPEATS) -> dict:
+              repeats: int = REPEATS, device: str = "cpu") -> dict:
     """Dense ``mm`` vs CSR sparse matmul (and column compaction when channels are dead) at (M, K, N).
 
     ``role`` ``lhs``: the (M, K) operand is sparse (converted every call);
@@ -123,15 +125,15 @@ def ab_sparse(m: int, k: int, n: int, density: float, role: str, dead_share: flo
         warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta", category=UserWarning)
         if role == "lhs":
             dead = int(round(dead_share * k))
-            a, b = _operand((m, k), density, 0, dead), torch.randn(k, n)
+            a, b = _operand((m, k), density, 0, dead, device), torch.randn(k, n, device=device)
             dense = time_call(lambda: torch.mm(a, b), repeats)
             forms = {"csr_incl_conversion": time_call(lambda: a.to_sparse_csr() @ b, repeats)}
             if dead:
-                keep = torch.arange(dead, k)
+                keep = torch.arange(dead, k, device=device)
                 bk = b[keep].contiguous()           # the weight rows of dead channels dropped once (prepacked)
                 forms["dead_channel_compaction"] = time_call(lambda: torch.mm(a[:, dead:], bk), repeats)
         else:
-            a, b = torch.randn(m, k), _operand((k, n), density, 1)
+            a, b = torch.randn(m, k, device=device), _operand((k, n), density, 1, device=device)
             bs = b.t().contiguous().to_sparse_csr()   # converted once: weights are stationary
             dense = time_call(lambda: torch.mm(a, b), repeats)
             forms = {"csr_weight": time_call(lambda: (bs @ a.t()).t(), repeats)}
@@ -146,11 +148,16 @@ def _quant_int8(x: torch.Tensor, dim: int | None) -> tuple[torch.Tensor, torch.T
     return torch.clamp(torch.round(x / scale), -127, 127).to(torch.int8), scale
 
 
-def ab_int8(m: int, k: int, n: int, absmax: float = 1.0, repeats: int = REPEATS) -> dict:
-    """fp32 ``mm`` vs int8 ``torch._int_mm`` at (M, K, N), quantising the activation on every call.
+def ab_int8(m: int, k: int, n: int, absmax: float = 1.0, repeats: int = REPEATS, device: str = "cpu") -> dict:
+    """fp32 ``mm`` vs int8 GEMM at (M, K, N), quantising the activation on every call.
 
-    The weight is quantised once per output column (it is stationary); the
-    activation per tensor, dynamically; the int32 result is rescaled to fp32.
+    Forms: ``int8_int_mm_dynamic`` — ``torch._int_mm`` with the weight
+    quantised once per output column (it is stationary), the activation per
+    tensor on every call, the int32 result rescaled to fp32; and, on the CPU,
+    ``int8_dynamic_quantized_linear`` — torch.ao's dynamically quantised
+    ``Linear`` (fbgemm/x86 kernels, per-channel weight, prepacked once).  The
+    faster form is the plan's ``special``; each form's relative error against
+    the fp32 product is reported.
 
     Raises
     ------
@@ -158,24 +165,37 @@ def ab_int8(m: int, k: int, n: int, absmax: float = 1.0, repeats: int = REPEATS)
         ``torch._int_mm`` does not support this device/shape (the caller records the reason).
     """
     g = torch.Generator().manual_seed(2)
-    a = torch.randn(m, k, generator=g) * (absmax / 4.0)
-    b = torch.randn(k, n, generator=g)
+    a = (torch.randn(m, k, generator=g) * (absmax / 4.0)).to(device)
+    b = torch.randn(k, n, generator=g).to(device)
+    ref = a @ b
     bq, bscale = _quant_int8(b, 0)
 
-    def int8_path():
+    def int_mm_path():
         aq, ascale = _quant_int8(a, None)
         return torch._int_mm(aq, bq).float() * (ascale * bscale)
 
-    int8_path()
+    paths: dict[str, Callable[[], torch.Tensor]] = {"int8_int_mm_dynamic": int_mm_path}
+    if device == "cpu":
+        with warnings.catch_warnings():  # torch.ao.quantization is deprecated in favour of torchao (not installed)
+            warnings.simplefilter("ignore")
+            from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+            lin = torch.nn.Linear(k, n, bias=False)
+            with torch.no_grad():
+                lin.weight.copy_(b.t())
+            qlin = quantize_dynamic(torch.nn.Sequential(lin), {torch.nn.Linear: per_channel_dynamic_qconfig})
+        paths["int8_dynamic_quantized_linear"] = lambda: qlin(a)
     dense = time_call(lambda: torch.mm(a, b), repeats)
-    special = time_call(int8_path, repeats)
-    aq, _ = _quant_int8(a, None)
-    kernel = time_call(lambda: torch._int_mm(aq, bq), repeats)
-    err = float((int8_path() - a @ b).norm() / (a @ b).norm())
-    return {"dense": dense, "special": special, "form": "int8_int_mm_dynamic",
-            "forms": {"int8_int_mm_dynamic": {"median_s": special.median_s, "repeats": special.repeats},
-                      "int8_kernel_only": {"median_s": kernel.median_s, "repeats": kernel.repeats}},
-            "rel_err": err}
+    forms, errs = {}, {}
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for name, fn in paths.items():
+            errs[name] = float((fn() - ref).norm() / ref.norm())
+            forms[name] = time_call(fn, repeats)
+    best = min(forms, key=lambda f: forms[f].median_s)
+    return {"dense": dense, "special": forms[best], "form": best,
+            "forms": {f: {"median_s": t.median_s, "repeats": t.repeats, "rel_err": errs[f]} for f, t in forms.items()},
+            "rel_err": errs[best]}
 
 
 def ab_prepack(m: int, k: int, n: int, repeats: int = REPEATS) -> dict:
@@ -207,10 +227,10 @@ def ab_prepack(m: int, k: int, n: int, repeats: int = REPEATS) -> dict:
             "forms": {f: {"median_s": t.median_s, "repeats": t.repeats} for f, t in forms.items()}}
 
 
-def ab_factored(m: int, k: int, n: int, rank: int, repeats: int = REPEATS) -> dict:
+def ab_factored(m: int, k: int, n: int, rank: int, repeats: int = REPEATS, device: str = "cpu") -> dict:
     """Dense ``(M,K)@(K,N)`` vs factored ``(M,K)@(K,r)@(r,N)`` at the probed stable rank."""
-    a, b = torch.randn(m, k), torch.randn(k, n)
-    u, v = torch.randn(k, rank), torch.randn(rank, n)
+    a, b = torch.randn(m, k, device=device), torch.randn(k, n, device=device)
+    u, v = torch.randn(k, rank, device=device), torch.randn(rank, n, device=device)
     dense = time_call(lambda: torch.mm(a, b), repeats)
     special = time_call(lambda: torch.mm(torch.mm(a, u), v), repeats)
     return {"dense": dense, "special": special, "form": f"factored_rank{rank}",
@@ -275,18 +295,27 @@ def plan(patterns: pd.DataFrame, sketches: pd.DataFrame, measure: bool = True,
     ``dense_median_s`` / ``special_median_s``: seconds per call (median).
     """
     rows = []
-    sk = sketches.copy()
-    if "dist" not in sk.columns:
-        sk["dist"] = ""
+    sk = sketches if "dist" in sketches.columns else sketches.assign(dist="")
+    groups = {key: g for key, g in sk.groupby(["run_id", "site", "role"], sort=False)}
+    empty = sk.iloc[0:0]
+    memo: dict[tuple, tuple[dict, str]] = {}   # one A/B per (exploit, role, shape, parameter): shared by same-shape sites
+
+    def measured(key: tuple, site: str, fn: Callable[[], dict]) -> tuple[dict, str | None]:
+        if key not in memo:
+            memo[key] = (fn(), site)
+            return memo[key][0], None
+        return memo[key]
+
     for p in patterns.itertuples():
         if p.finding not in EXPLOITS:
             continue
         exploit, guard_t, gstat = EXPLOITS[p.finding]
         ev = json.loads(p.evidence_json)
         base_site = p.site.split("@")[0]
-        g = sk[(sk["run_id"] == p.run_id) & (sk["site"] == base_site) & (sk["role"] == p.role)]
+        g = groups.get((p.run_id, base_site, p.role), empty)
         if "@" in p.site:
             g = g[g["dist"] == p.site.split("@", 1)[1]]
+        shared = None
         if g.empty and p.finding not in ("low_rank", "two_four"):
             continue
         m, k, n = (int(g["M"].iloc[0]), int(g["K"].iloc[0]), int(g["N"].iloc[0])) if not g.empty else (0, 0, 0)
@@ -302,19 +331,24 @@ def plan(patterns: pd.DataFrame, sketches: pd.DataFrame, measure: bool = True,
                 if p.role == "out":
                     reason = "an output's sparsity is exploited at its consumer's lhs"
                 elif measure:
-                    bench = ab_sparse(m, k, n, d, p.role, _dead_share(g), repeats)
+                    dead = _dead_share(g)
+                    bench, shared = measured((exploit, p.role, m, k, n, round(d, 2), round(dead, 2)), p.site,
+                                             lambda: ab_sparse(m, k, n, d, p.role, dead, repeats, device))
             elif p.finding in ("int_quant", "quantize_lut"):
                 est = 4.0  # fp32 operands -> int8: 4x fewer bytes (sketch rows carry no dtype; fp32 assumed)
                 if measure:
-                    bench = ab_int8(m, k, n, absmax, repeats)
+                    bench, shared = measured(("int8", m, k, n), p.site,
+                                             lambda: ab_int8(m, k, n, absmax, repeats, device))
             elif p.finding == "stationary":
                 if p.role != "rhs":
                     continue  # a stationary activation is an input that does not change: precompute, not prepack
                 if "exact_repeat" in ev:
                     stable = bool(ev["exact_repeat"])   # the guard is bitwise: a nearly constant l1 is not enough
                 if measure:
-                    bench = ab_prepack(m, k, n, repeats) if device == "cpu" else None
-                    reason = None if device == "cpu" else "prepack A/B is implemented for the CPU (oneDNN) only"
+                    if device == "cpu":
+                        bench, shared = measured((exploit, m, k, n), p.site, lambda: ab_prepack(m, k, n, repeats))
+                    else:
+                        reason = "prepack A/B is implemented for the CPU (oneDNN) only"
             elif p.finding == "low_rank":
                 r = max(1, int(ev["rank"]["rank_10pct"]))
                 shape = ev.get("shape", [0, 0])
@@ -323,7 +357,8 @@ def plan(patterns: pd.DataFrame, sketches: pd.DataFrame, measure: bool = True,
                 k, n = k_in, n_out
                 est = (k * n) / (r * (k + n))
                 if measure:
-                    bench = ab_factored(m, k, n, r, repeats)
+                    bench, shared = measured((exploit, m, k, n, r), p.site,
+                                             lambda: ab_factored(m, k, n, r, repeats, device))
             elif p.finding == "two_four":
                 est = 2.0  # half the multiply-adds on 2:4 sparse tensor cores (NVIDIA Ampere+ / AMD CDNA3)
                 reason = "no 2:4 sparse kernel on this device (torch semi-structured sparsity needs CUDA)" \
@@ -344,6 +379,8 @@ def plan(patterns: pd.DataFrame, sketches: pd.DataFrame, measure: bool = True,
                 extra["int8_rel_err"] = bench["rel_err"]
         if reason:
             extra["not_measured"] = reason
+        if shared:
+            extra["timing_shared_with"] = shared   # the same A/B (exploit, shape, parameter) measured once
         rows.append({"run_id": p.run_id, "workload": p.workload, "site": p.site, "role": p.role,
                      "finding": p.finding, "exploit": exploit, "guard": guard, "guard_stat": gstat,
                      "guard_mean": gmean, "guard_sigma": gsigma, "guard_stable": stable, "est_speedup": est,

@@ -105,7 +105,7 @@ def rows_channels(shape: tuple[int, ...] | torch.Size) -> tuple[int, int]:
     """``(R, C)``: the row/channel view of a tensor of ``shape`` (C = last axis, R = numel / C)."""
     shape = tuple(int(s) for s in shape)
     c = shape[-1] if shape else 1
-    numel = int(np.prod(shape)) if shape else 1
+    numel = math.prod(shape)
     return (numel // c if c else 0), c
 
 
@@ -303,7 +303,9 @@ def sketch_vector(x: torch.Tensor, stats: tuple[str, ...] = STATS,
             # bin of y = x / (max|x| + eps) in [-1, 1]: floor((y + 1) * 16); y = 1 goes to the last bin (as histc)
             absmax = torch.maximum(vals["min"].abs(), vals["max"].abs()).to(f64)
             b = (ys * ((HIST_BINS / 2) / (absmax + _EPS)) + HIST_BINS / 2).to(torch.int64).clamp_(0, HIST_BINS - 1)
-            vals["hist"] = torch.bincount(b, minlength=HIST_BINS).to(f64) / max(b.numel(), 1)
+            # scatter_add, not bincount: a fixed output size, so no device-to-host sync on CUDA
+            hist = torch.zeros(HIST_BINS, dtype=f64, device=x.device).scatter_add_(0, b, torch.ones_like(ys))
+            vals["hist"] = hist / max(b.numel(), 1)
     if "sample" in want:
         vals["sample"] = (x.reshape(1) if x.dim() == 0 else x)[pos_i]
     return torch.cat([vals[s].reshape(-1).to(f64) for s in STATS if s in want])
@@ -393,5 +395,6 @@ def route_vector(topk_out: tuple[torch.Tensor, torch.Tensor] | torch.Tensor, n_e
     """
     idx = topk_out[1] if isinstance(topk_out, (tuple, list)) else topk_out
     idx = idx.detach().reshape(-1)
-    counts = torch.bincount(idx, minlength=n_experts)[:n_experts].to(torch.float64)
+    ones = torch.ones(idx.shape, dtype=torch.float64, device=idx.device)
+    counts = torch.zeros(n_experts, dtype=torch.float64, device=idx.device).scatter_add_(0, idx, ones)
     return counts / max(idx.numel(), 1)
