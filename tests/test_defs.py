@@ -31,7 +31,7 @@ def test_every_stage_is_an_asset():
     ("mined_patterns", {"tensor_sketches"}),
     ("kb_index", {"kb_rules"}),
     ("kb_matches", {"training_config", "profile_run", "waste_budget", "mined_patterns", "kb_rules", "kb_index"}),
-    ("patch", {"training_config", "kb_rules", "kb_index", "kb_matches", "profile_run", "workload_source"}),
+    ("patch", {"training_config", "kb_rules", "kb_matches", "profile_run", "workload_source"}),
     ("benchmark_baseline", {"training_config", "workload_source", "rocm_image"}),
     ("benchmark_patched", {"patch", "workload_source", "rocm_image"}),
     ("audit_report", {"profile_run", "benchmark_baseline", "benchmark_patched", "patch", "training_config",

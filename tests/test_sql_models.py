@@ -32,7 +32,8 @@ def test_models_are_layered_and_ordered():
 def test_asset_lineage_is_derived_from_sql():
     g = defs.resolve_asset_graph()
     parents = lambda k: {p.to_user_string() for p in g.get(dg.AssetKey(k)).parent_keys}  # noqa: E731
-    assert parents("stg_sketch_scalars") == {"tensor_sketches"}
+    assert parents("stg_sketch_scalars") == {"tensor_sketches", "opscope_sweep", "opscope_seq", "opscope_digits",
+                                             "opscope_minilm"}
     assert parents("site_sketch_summary") == {"stg_sketch_scalars"}
     assert parents("rule_firing_frequency") == {"kb_matches"}
     assert parents("speedup_calibration") == {"audit_report"}
