@@ -241,7 +241,8 @@ def _throughput_axes(ax, rep: AuditReport) -> None:
               label=f"predicted range {rep.predicted_low:.2f}x-{rep.predicted_high:.2f}x")
     ax.set_ylabel(f"{rep.throughput_unit or rep.unit + '/s'} (median of {rep.repeats}, measured)")
     ax.set_title(f"Throughput: {rep.measured_speedup:.2f}x measured")
-    ax.set_ylim(bottom=0)
+    top = max([hi, *runs[0], *runs[1]])
+    ax.set_ylim(0, top * 1.18)          # room for the legend above the predicted range
     ax.legend(fontsize=8, loc="upper left")
 
 

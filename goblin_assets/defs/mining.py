@@ -45,7 +45,11 @@ def _result(duckdb: DuckDBResource, frames: dict[str, pd.DataFrame], summary: pd
     })
 
 
-@dg.asset(**_KW)
+#: The recording drivers whose sketch rows the miners read (goblin_assets/defs/opscope.py).
+_DRIVERS = [dg.AssetKey(k) for k in ("opscope_sweep", "opscope_seq", "opscope_digits", "opscope_minilm")]
+
+
+@dg.asset(deps=_DRIVERS, **_KW)
 def opscope_patterns(context: dg.AssetExecutionContext, duckdb: DuckDBResource) -> dg.MaterializeResult:
     """Mined patterns of the latest recorded matmul sketches (sparse GEMM, int quantisation, LUT, delta, positional, stationarity)."""
     from goblin_assets.opscope.miner import mine_patterns
@@ -56,7 +60,7 @@ def opscope_patterns(context: dg.AssetExecutionContext, duckdb: DuckDBResource) 
     return _result(duckdb, {"patterns": pat}, pat, "(no matmul sketches recorded yet)")
 
 
-@dg.asset(**_KW)
+@dg.asset(deps=[dg.AssetKey("opscope_minilm")], **_KW)
 def inference_dynamics(context: dg.AssetExecutionContext, duckdb: DuckDBResource) -> dg.MaterializeResult:
     """Attention concentration, attention sinks and cold/hot experts from the latest softmax / top-k sketches (MiniLM on real text when none were recorded)."""
     from goblin_assets.opscope.infer import infer_dynamics, record_minilm_attention
