@@ -107,3 +107,10 @@ def test_write_report_writes_markdown_png_and_html(report, tmp_path):
     assert "Measured speedup: 1.92x" in text and "real tokens/s" in text and "```diff" in text
     assert "How the rules were combined" in text
     assert render_markdown(report).endswith("Generated " + report.created_at + ".\n")
+
+
+def test_goblin_audit_accepts_html_option():
+    from goblin_assets.cli import build_parser, cmd_audit
+
+    args = build_parser().parse_args(["audit", "workloads/digits_mlp", "--html", "out/report.html", "--json"])
+    assert args.html == "out/report.html" and args.json and args.fn is cmd_audit

@@ -30,9 +30,14 @@ _RUNNERS_DIR = Path(__file__).resolve().parent.parent / "runners"
 
 
 def runner_code_hash() -> str:
-    """sha256 over the runner package's source files (a change invalidates the cache)."""
+    """sha256 over the code that runs and measures a benchmark (a change invalidates the cache).
+
+    The runner package plus the modules that turn a run into throughput
+    (``audit/benchmark.py``, ``audit/profile.py``).
+    """
     h = hashlib.sha256()
-    for p in sorted(_RUNNERS_DIR.glob("*.py")):
+    here = Path(__file__).resolve().parent
+    for p in [*sorted(_RUNNERS_DIR.glob("*.py")), here / "benchmark.py", here / "profile.py"]:
         h.update(p.name.encode())
         h.update(p.read_bytes())
     return h.hexdigest()
