@@ -26,7 +26,7 @@ from goblin_assets.audit.config_map import (
 from goblin_assets.audit.config_python import analyse_python
 from goblin_assets.audit.config_shell import scan_text
 from goblin_assets.audit.config_tree import flatten_json, flatten_yaml
-from goblin_assets.audit.redact import redact
+from goblin_assets.redact import redact
 from goblin_assets.contracts import CONFIG_FIELDS, ConfigDict, Provenance
 from goblin_assets.errors import ConfigParseError
 

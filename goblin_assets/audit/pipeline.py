@@ -22,6 +22,7 @@ from goblin_assets.audit.config import parse_config
 from goblin_assets.audit.kb import KnowledgeBase, detect_context, load_kb, match_rules
 from goblin_assets.audit.patch import propose_patch
 from goblin_assets.audit.profile import profile_run
+from goblin_assets.redact import redact
 from goblin_assets.audit.retrieval import retrieval_scores, run_symptoms
 from goblin_assets.audit.report import AuditReport, compare_runs, render_markdown, write_report
 from goblin_assets.contracts import BenchmarkResult, ConfigDict, Patch, RuleMatch, RunMetrics
@@ -78,9 +79,16 @@ def kb_matches(config: ConfigDict, metrics: RunMetrics, kb: KnowledgeBase) -> li
 
 def patch(config: ConfigDict, kb: KnowledgeBase, matches: list[RuleMatch], metrics: RunMetrics,
           workload: Workload, out_dir: Path) -> Patch:
-    """Stage 6: the patch of the user's own file (and a patched copy of the workload in ``out_dir``)."""
-    return propose_patch(config, kb, matches, metrics, cores=cores(), workload_root=workload.root, out_dir=out_dir,
-                         source=workload.config_file)
+    """Stage 6: the patch of the user's own file.
+
+    Also writes a patched copy of the workload and ``patch.diff`` (the exact,
+    unredacted diff, for ``git apply``) into ``out_dir``, on this machine only.
+    """
+    p = propose_patch(config, kb, matches, metrics, cores=cores(), workload_root=workload.root, out_dir=out_dir,
+                      source=workload.config_file)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "patch.diff").write_text(p.diff, encoding="utf-8")
+    return p
 
 
 def benchmarks(workload: Workload, runner: Runner, config: ConfigDict, p: Patch, steps: int, repeats: int,
@@ -125,7 +133,7 @@ class AuditResult:
             "confidence": self.report.confidence,
             "rules": [a.rule_id for a in self.patch.applied],
             "dropped_rules": self.patch.dropped,
-            "diff": self.patch.diff,
+            "diff": redact(self.patch.diff),
             "report_path": str(self.report_path),
         }
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from goblin_assets.redact import redact
 from goblin_assets.audit.waste import shares
 from goblin_assets.contracts import (
     WASTE_BUCKETS, AppliedRule, BenchmarkResult, ConfigDict, Patch, RunMetrics,
@@ -195,7 +196,7 @@ def compare_runs(before: RunMetrics, after: RunMetrics, bench: dict[str, Benchma
         evidence_coverage=patch.evidence_coverage, rule_consistency=patch.rule_consistency, buckets=buckets,
         metrics=_side_by_side(before, after),
         before_step_time_s=before.step_time_s, after_step_time_s=after.step_time_s,
-        applied=patch.applied, dropped=patch.dropped, consistency_notes=patch.consistency_notes, diff=patch.diff,
+        applied=patch.applied, dropped=patch.dropped, consistency_notes=patch.consistency_notes, diff=redact(patch.diff),
         target_file=Path(patch.target_file).name if patch.target_file else "", env=patch.env,
         unset_env=patch.unset_env,
         provenance=f"{prov.kind} on {prov.device} (host {prov.host}, {prov.cpu_count} cores), "
@@ -352,7 +353,8 @@ def render_markdown(rep: AuditReport, chart_name: str | None = None) -> str:
         out += ["", "Environment changes for the patched run:", "", "```sh",
                 *[f"export {k}={v}" for k, v in rep.env.items()], *[f"unset {k}" for k in rep.unset_env], "```"]
     out += ["", "## Patch to your file", "", "```diff", rep.diff.rstrip() or "(no change)", "```", "",
-            "Apply it in the workload folder with `git apply` or `patch -p1`.", ""]
+            "Secrets and personal paths in it are redacted here; `patch.diff` beside this report is the exact "
+            "diff: apply it in the workload folder with `git apply` or `patch -p1`.", ""]
     if rep.warnings:
         out += ["## Notes", "", *[f"- {w}" for w in rep.warnings], ""]
     out += ["---", _footer(rep)]

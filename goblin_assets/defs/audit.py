@@ -12,6 +12,7 @@ from dagster_pandera import pandera_schema_to_dagster_type
 from goblin_assets import goblin_home, workloads_root
 from goblin_assets.audit import pipeline as stages
 from goblin_assets.audit import retrieval
+from goblin_assets.redact import redact
 from goblin_assets.audit.kb import KnowledgeBase, load_kb
 from goblin_assets.audit.report import AuditReport, compare_runs, render_markdown, write_report
 from goblin_assets.contracts import BenchmarkResult, ConfigDict, Patch, RuleMatch, RunMetrics
@@ -173,7 +174,7 @@ def patch(context: dg.AssetExecutionContext, training_config: ConfigDict, kb_rul
     """The fired rules applied to the config and to the user's own file, as a unified diff."""
     p = stages.patch(training_config, kb_rules, kb_matches, profile_run, workload_source, _out_dir(context))
     context.add_output_metadata({
-        "diff": dg.MetadataValue.md(f"```diff\n{p.diff}\n```"),
+        "diff": dg.MetadataValue.md(f"```diff\n{redact(p.diff)}\n```"),
         "rules": dg.MetadataValue.json([a.rule_id for a in p.applied]),
         "dropped": dg.MetadataValue.json(p.dropped),
         "predicted_speedup": f"{p.expected_speedup_low:.2f}x-{p.expected_speedup_high:.2f}x",

@@ -251,13 +251,14 @@ def sketch_vector(x: torch.Tensor, stats: tuple[str, ...] = STATS,
     want = set(stats)
     rows_i, pair_i, next_i, shape_i, pos_i = _indices(tuple(x.shape), x.device, row_sample)
     flat = x.reshape(-1) if x.is_contiguous() or shape_i is None else None
-    x2 = x.reshape(r, c) if x.is_contiguous() or rows_i is None else None
+    x2 = x.view(r, c) if x.is_contiguous() else None              # the (R, C) view, when it is free
+    xn = x2 if x2 is not None else (x if x.dim() >= 2 else x.reshape(1, -1))   # strided: reduce in place
+    lead = tuple(range(xn.dim() - 1))
     vals: dict[str, torch.Tensor] = {}
 
     # exact, over the whole tensor: read-only reductions, no temporary the size of x
     if want & {"min", "max", "hist", "chan_maxabs", "chan_outlier"}:
-        xc = x.reshape(r, c) if x2 is None else x2
-        cmin, cmax = xc.amin(0).float(), xc.amax(0).float()    # two column passes (aminmax(dim=0) is slower)
+        cmin, cmax = xn.amin(lead).float(), xn.amax(lead).float()  # two column passes (aminmax(dim=0) is slower)
         vals["min"], vals["max"] = cmin.min(), cmax.max()
         chan = torch.maximum(cmax.abs(), cmin.abs())
         vals["chan_maxabs"] = chan
@@ -266,14 +267,15 @@ def sketch_vector(x: torch.Tensor, stats: tuple[str, ...] = STATS,
     if "mean" in want:
         vals["mean"] = x.sum(dtype=f32) / numel
     if want & {"sumsq", "pos_sumsq"}:
-        pos = torch.linalg.vector_norm(x.reshape(r, c) if x2 is None else x2, 2, dim=-1, dtype=f32).square()
+        pos = torch.linalg.vector_norm(xn, 2, dim=-1, dtype=f32).square().reshape(-1)
         vals["sumsq"] = pos.sum(dtype=f64)
         vals["pos_sumsq"] = pos if rows_i is None else pos[rows_i]
 
     # the row sample: rows r_i and r_i + 1 (strided views of a contiguous x; gathered otherwise)
     if "adj_sumsq" in want:
         if rows_i is None:
-            block, nxt = x2[:-1], x2[1:]
+            xr = x.reshape(r, c)
+            block, nxt = xr[:-1], xr[1:]
         elif x2 is not None:
             st = r // len(rows_i)
             block, nxt = x2[: len(rows_i) * st: st], x2[1: len(rows_i) * st + 1: st]

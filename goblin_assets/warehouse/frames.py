@@ -6,6 +6,7 @@ from datetime import datetime
 
 import pandas as pd
 
+from goblin_assets.redact import redact
 from goblin_assets.contracts import BenchmarkResult, RuleMatch, RunMetrics
 from goblin_assets.warehouse.tables import columns
 
@@ -70,6 +71,6 @@ def audit_frame(audit_id: str, workload: str, profile_run_id: str, patched_run_i
         "baseline_throughput": rep.baseline_throughput, "patched_throughput": rep.patched_throughput,
         "unit": rep.unit, "measured_speedup": rep.measured_speedup, "predicted_speedup_low": rep.predicted_low,
         "predicted_speedup_high": rep.predicted_high, "confidence": rep.confidence,
-        "rules": ",".join(a.rule_id for a in patch.applied), "diff": patch.diff,
+        "rules": ",".join(a.rule_id for a in patch.applied), "diff": redact(patch.diff),
         "report_path": str(report_path) if report_path else None,
     }])
