@@ -18,14 +18,13 @@ import pytest
 import yaml
 
 from goblin_assets.audit.config import parse_config
-from goblin_assets.audit.kb import PROFILER_ENV, detect_context, load_kb, match_rules
+from goblin_assets.audit.corpus import corpus_recall, replay_scenario, scenarios
+from goblin_assets.audit.kb import PROFILER_ENV, load_kb, match_rules
 from goblin_assets.audit.patch import propose_patch
-from goblin_assets.runners.replay import RECORDING_NAME, ReplayRunner, metrics_from_raw
-from goblin_assets.runners.workload import Workload
+from goblin_assets.runners.replay import RECORDING_NAME
 from tests.conftest import WORKLOADS
 
-CORPUS = WORKLOADS / "synthetic"
-SCENARIOS = sorted(p for p in CORPUS.iterdir() if (p / "expected_findings.yaml").is_file())
+SCENARIOS = scenarios(WORKLOADS / "synthetic")
 
 
 @pytest.fixture(scope="module")
@@ -34,16 +33,8 @@ def kb():
 
 
 def _scenario(folder: Path):
-    spec = yaml.safe_load((folder / "expected_findings.yaml").read_text())
-    envdoc = yaml.safe_load((folder / "environment.yaml").read_text())
-    cfg = parse_config(folder / spec["config"])
-    wl = Workload(name=folder.name, root=folder, entry=spec["config"])
-    raw = ReplayRunner(recording=folder / RECORDING_NAME).run(wl, "profile", steps=10)
-    assert raw.ok, raw.failure
-    metrics = metrics_from_raw(raw)
-    ctx = detect_context(cfg, metrics, env=envdoc["env"], cores=envdoc["cores"], host=envdoc["host"],
-                         packages=envdoc["packages"])
-    return spec, envdoc, cfg, metrics, ctx
+    sc = replay_scenario(folder, load_kb())
+    return sc.spec, sc.env, sc.config, sc.metrics, sc.context
 
 
 def test_corpus_has_the_issue_scenarios():
@@ -83,13 +74,10 @@ def test_expected_rules_fire_and_forbidden_rules_do_not(folder: Path, kb):
 
 
 def test_corpus_recall_over_all_scenarios(kb):
-    expected = hits = 0
-    for folder in SCENARIOS:
-        spec, *_, ctx = _scenario(folder)
-        fired = {m.rule_id for m in match_rules(kb, ctx) if m.fired}
-        expected += len(spec["must_fire"])
-        hits += len(fired & set(spec["must_fire"]))
-    assert expected >= 12 and hits / expected == 1.0
+    res = corpus_recall(kb, WORKLOADS / "synthetic")
+    assert res["scenarios"] >= 8 and res["expected"] >= 12
+    assert res["recall"] == 1.0, res["per_scenario"]
+    assert not any(v["forbidden"] for v in res["per_scenario"].values())
 
 
 @pytest.mark.parametrize("folder", SCENARIOS, ids=[p.name for p in SCENARIOS])

@@ -52,3 +52,18 @@ def waste_budget_sums_to_step_time(waste_budget: dict, profile_run: RunMetrics) 
 
 
 AUDIT_CHECKS = [sketches_schema, patterns_schema, waste_budget_sums_to_step_time]
+
+
+@dg.asset_check(asset="kb_rules", blocking=True,
+                description="Every synthetic-corpus scenario, replayed, fires the rules it must and none it must not.")
+def kb_corpus_recall(kb_rules) -> dg.AssetCheckResult:
+    from goblin_assets.audit.corpus import corpus_recall
+
+    res = corpus_recall(kb_rules)
+    bad = {k: v for k, v in res["per_scenario"].items() if v["missing"] or v["forbidden"]}
+    return dg.AssetCheckResult(passed=res["recall"] == 1.0 and not bad, metadata={
+        "recall": res["recall"], "scenarios": res["scenarios"], "expected_rules": res["expected"],
+        "failures": dg.MetadataValue.json(bad)})
+
+
+AUDIT_CHECKS.append(kb_corpus_recall)
