@@ -8,8 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from goblin_assets.warehouse.db import query
+from goblin_assets.warehouse.db import connect, query
+from goblin_assets.warehouse.tables import TABLES
 from tests.conftest import WORKLOADS
+from tests.test_redact import SECRETS
+from tests.test_redaction_e2e import assert_clean, seeded_workload
 
 pytestmark = pytest.mark.slow
 
@@ -22,11 +25,14 @@ def _goblin(*args, env_home: Path, timeout=900):
                           env=env, timeout=timeout)
 
 
-def test_goblin_audit_json_on_digits(goblin_home):
-    r = _goblin("audit", str(WORKLOADS / "digits_mlp"), "--steps", "5", "--bench-steps", "15", "--repeats", "2",
+def test_goblin_audit_json_on_digits(goblin_home, tmp_path):
+    """digits_mlp, with 20 secrets seeded as comments in the diff's context (tests/test_redact.py)."""
+    wl = seeded_workload(tmp_path / "workloads")
+    r = _goblin("audit", str(wl), "--steps", "5", "--bench-steps", "15", "--repeats", "2",
                 "--json", env_home=goblin_home)
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout)
+    assert_clean("goblin audit logs (stderr)", r.stderr)
     for key in ("config", "baseline", "patched", "measured_speedup", "rules", "diff", "report_path"):
         assert key in out
     assert out["config"]["batch_size"] == 64
@@ -53,6 +59,16 @@ def test_goblin_audit_json_on_digits(goblin_home):
     r = _goblin("sql", "SELECT label, count(*) AS n FROM benchmarks GROUP BY label ORDER BY label", "--json",
                 env_home=goblin_home)
     assert json.loads(r.stdout) == [{"label": "baseline", "n": 2}, {"label": "patched", "n": 2}]
+    # redaction: nothing of the seeded secrets in the JSON, the logs, the report or any warehouse table
+    assert_clean("goblin audit --json", json.dumps(out))
+    assert_clean("report.md", text)
+    assert_clean("report.html", (report.parent / "report.html").read_text())
+    with connect(db) as con:
+        for table in TABLES:
+            assert_clean(f"warehouse table {table}", con.execute(f'SELECT * FROM "{table}"').df().to_csv())
+    exact = (report.parent / "patch.diff").read_text()   # the exact diff stays usable on this machine
+    assert SECRETS[0][0] in exact
+    subprocess.run(["patch", "-p1", "--dry-run", "--quiet"], input=exact, text=True, cwd=wl, check=True)
 
 
 def test_bad_path_is_a_clear_error(goblin_home):

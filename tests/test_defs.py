@@ -55,7 +55,7 @@ def test_materialize_digits_partition_in_process(tmp_path, monkeypatch):
     db = tmp_path / "wh.duckdb"
     instance = dg.DagsterInstance.ephemeral()
     instance.add_dynamic_partitions(workloads_partitions.name, ["digits_mlp"])
-    resources = {"runner": RunnerResource(profiled_steps=4, bench_steps=12, bench_repeats=2, sketch_steps=2),
+    resources = {"runner": RunnerResource(profiled_steps=3, bench_steps=8, bench_repeats=1, sketch_steps=2),
                  "duckdb": DuckDBResource(database=str(db))}
     assets = [*defs.assets, *defs.asset_checks]
     assert dg.materialize(assets, selection=["kb_rules", "kb_index"], instance=instance, resources=resources).success
