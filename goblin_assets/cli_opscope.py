@@ -51,7 +51,7 @@ def cmd_opscope_record(args) -> int:
         return 0
     t = Table(title=f"goblin opscope {args.driver}: {res.model}")
     for c in ("dist", "site", "role", "density", "absmax", "mean"):
-        t.add_column(c)
+        t.add_column(c, overflow="fold", no_wrap=c != "site")
     for r in res.summary.itertuples(index=False):
         t.add_row(r.dist, r.site, r.role, *("" if v != v else f"{v:.4g}" for v in (r.density, r.absmax, r.mean)))
     out.print(t)
