@@ -40,8 +40,11 @@ $(DAGSTER_HOME)/dagster.yaml:
 	mkdir -p $(DAGSTER_HOME)
 	printf 'telemetry:\n  enabled: false\nconcurrency:\n  pools:\n    default_limit: 1\n' > $@
 
+# The demo keeps runs short (all settings: GOBLIN_RUNNER_* in goblin_assets/defs/resources.py).
 demo: install $(DAGSTER_HOME)/dagster.yaml
-	$(BIN)/python -m goblin_assets.demo
+	GOBLIN_RUNNER_PROFILED_STEPS=$${GOBLIN_RUNNER_PROFILED_STEPS:-5} \
+	GOBLIN_RUNNER_BENCH_STEPS=$${GOBLIN_RUNNER_BENCH_STEPS:-12} \
+	$(BIN)/python -m goblin_assets.demo $(DEMO_ARGS)
 
 test: install-test system-deps
 	$(BIN)/python -m pytest -q

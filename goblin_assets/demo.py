@@ -1,5 +1,8 @@
 """``make demo``: materialize every asset for the bundled workloads, headlessly, with Dagster.
 
+``python -m goblin_assets.demo [WORKLOAD ...] [--all]``: ``--all`` adds the
+opscope lab assets (recording drivers, miners, probes, plan).
+
 Uses the instance at ``$DAGSTER_HOME`` (the Makefile sets ``./.goblin/dagster``)
 so the runs show up later in ``make ui``; adds one dynamic partition per
 workload folder, materializes the unpartitioned assets once and then every
@@ -21,6 +24,10 @@ from goblin_assets.defs.partitions import workload_names, workloads_partitions
 from goblin_assets.warehouse.db import query
 
 
+#: Asset groups of the opscope lab (not per workload): materialized with ``--all``.
+LAB_GROUPS = {"opscope", "mining"}
+
+
 def _ancestors(graph, key) -> set:
     seen, todo = set(), list(graph.get(key).parent_keys)
     while todo:
@@ -33,14 +40,17 @@ def _ancestors(graph, key) -> set:
 
 def main(argv: list[str] | None = None) -> int:
     console = Console()
-    names = (argv or sys.argv[1:]) or workload_names()
+    args = list(argv if argv is not None else sys.argv[1:])
+    lab = "--all" in args  # also the opscope lab: recording drivers and miners (several more minutes)
+    names = [a for a in args if not a.startswith("--")] or workload_names()
     instance = dg.DagsterInstance.get() if os.environ.get("DAGSTER_HOME") else dg.DagsterInstance.ephemeral()
     known = set(instance.get_dynamic_partitions(workloads_partitions.name))
     instance.add_dynamic_partitions(workloads_partitions.name, [n for n in names if n not in known])
     graph = defs.resolve_asset_graph()
     assets = [*defs.assets, *defs.asset_checks]
     resources = defs.resources
-    keys = [k for k in graph.get_all_asset_keys() if graph.get(k).is_materializable]
+    keys = [k for k in graph.get_all_asset_keys() if graph.get(k).is_materializable
+            and (lab or graph.get(k).group_name not in LAB_GROUPS)]
     partitioned = [k for k in keys if graph.get(k).partitions_def is not None]
     # unpartitioned assets downstream of the audits (the SQL models) go last
     after = {k for k in keys if graph.get(k).partitions_def is None and _ancestors(graph, k) & set(partitioned)}
