@@ -11,7 +11,7 @@ from goblin_assets.warehouse.db import ensure_tables, write_frames
 from goblin_assets.warehouse.tables import TABLES
 
 POOL = "warehouse_writer"  # every asset that writes DuckDB: one writer at a time
-_KW = dict(group_name="mining", pool=POOL, kinds={"python", "duckdb"})
+_KW = dict(group_name="mining", pool=POOL, kinds={"pytorch", "duckdb"})
 
 
 def _latest_sketches(duckdb: DuckDBResource, roles: tuple[str, ...]) -> pd.DataFrame:
