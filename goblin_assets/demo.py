@@ -24,7 +24,7 @@ from goblin_assets.defs.partitions import workload_names, workloads_partitions
 from goblin_assets.warehouse.db import query
 
 
-#: Asset groups of the opscope lab (not per workload): materialized with ``--all``.
+#: Asset groups of the opscope lab: their unpartitioned assets are materialized with ``--all``.
 LAB_GROUPS = {"opscope", "mining"}
 
 
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     assets = [*defs.assets, *defs.asset_checks]
     resources = defs.resources
     keys = [k for k in graph.get_all_asset_keys() if graph.get(k).is_materializable
-            and (lab or graph.get(k).group_name not in LAB_GROUPS)]
+            and (lab or graph.get(k).partitions_def is not None or graph.get(k).group_name not in LAB_GROUPS)]
     partitioned = [k for k in keys if graph.get(k).partitions_def is not None]
     # unpartitioned assets downstream of the audits (the SQL models) go last
     after = {k for k in keys if graph.get(k).partitions_def is None and _ancestors(graph, k) & set(partitioned)}
