@@ -43,7 +43,6 @@ $(DAGSTER_HOME)/dagster.yaml:
 # The demo keeps runs short (all settings: GOBLIN_RUNNER_* in goblin_assets/defs/resources.py).
 demo: install $(DAGSTER_HOME)/dagster.yaml
 	GOBLIN_RUNNER_PROFILED_STEPS=$${GOBLIN_RUNNER_PROFILED_STEPS:-5} \
-	GOBLIN_RUNNER_BENCH_STEPS=$${GOBLIN_RUNNER_BENCH_STEPS:-12} \
 	$(BIN)/python -m goblin_assets.demo $(DEMO_ARGS)
 
 test: install-test system-deps
