@@ -39,3 +39,14 @@ def digits_profile(tmp_path_factory):
             os.environ["GOBLIN_HOME"] = old
     assert m.ok, m.failure
     return m
+
+
+@pytest.fixture(scope="module")
+def one_intra_op_thread():
+    """Run a module's tests with one torch intra-op thread, then restore the setting."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -12,13 +12,8 @@ from goblin_assets.opscope.sketches import (
 )
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_intra_op_thread():
-    """Many small reductions: on 2 shared cores, 2 intra-op threads make them ~7x slower (measured)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+#: Many small reductions: on 2 shared cores, 2 intra-op threads make them ~7x slower (measured).
+pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
 
 def stats_of(x: torch.Tensor, row_sample=None, stats=STATS) -> dict[str, tuple[np.ndarray, np.ndarray]]:
