@@ -11,7 +11,6 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
-import torch
 from dagster_duckdb import DuckDBResource
 
 from goblin_assets.cli_opscope import add_opscope_parser

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from goblin_assets.opscope.drivers import load_minilm, minilm, minilm_batches, stdlib_docstrings
 from goblin_assets.opscope.inject import inject_matmul_stats
