@@ -21,8 +21,11 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 	$(BIN)/pip install --quiet -e .
 	touch $@
 
+# Holistic Trace Analysis checks that our GPU traces keep the profiler's schema
+# (tests/test_gpu_trace.py); 0.5.0 is the last release under this name.
 $(VENV)/.installed-test: $(VENV)/.installed
 	$(BIN)/pip install --quiet -e ".[test]"
+	$(BIN)/pip install --quiet --no-deps "HolisticTraceAnalysis==0.5.0"
 	touch $@
 
 # The browser test drives Debian's Chromium (Playwright never downloads a browser here).

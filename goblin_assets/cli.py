@@ -3,6 +3,7 @@
     goblin audit PATH [--steps N] [--json]
     goblin profile PATH [--steps N] [--json]
     goblin parse FILE [--json]
+    goblin chat PATH [--question TEXT] [--base-url URL] [--model NAME] [--json]
     goblin sql "SELECT ..." [--json]
 
 Errors are printed as one clear line naming the file and the problem (exit
@@ -93,7 +94,10 @@ def cmd_profile(args) -> int:
     rows = [("steps", str(m.steps)), ("step_time_s (median)", _fmt(m.step_time_s, " s", digits=4)),
             (f"{m.unit}/s", _fmt(m.throughput, digits=1)), ("padding_share", _fmt(m.padding_share, digits=3)),
             ("mfu_pct", _fmt(m.mfu_pct, " %", digits=3)),
-            ("mem_peak_gb", _fmt(m.mem_peak_gb, " GB", digits=3)), ("util_pct", _fmt(m.util_pct, " %", digits=1)),
+            ("mem_peak_gb", _fmt(m.mem_peak_gb, " GB", digits=3)), ("mem_avg_gb", _fmt(m.mem_avg_gb, " GB", digits=3)),
+            ("memory_headroom_gb", _fmt(m.memory_headroom_gb, " GB", digits=2)),
+            ("headroom_batch (estimated)", "-" if m.headroom_batch is None else str(m.headroom_batch)),
+            ("util_pct", _fmt(m.util_pct, " %", digits=1)),
             ("attention_kernel_loaded", str(m.attention_kernel_loaded))]
     rows += [(f"waste.{k} ({b.status})", _fmt(b.seconds, " ms", 1e3)) for k, b in m.waste_budget.items()]
     rows += [(f"top op {i + 1}", f"{k.name} {k.pct_time:.1f}%") for i, k in enumerate(m.top_kernels)]
@@ -159,11 +163,13 @@ def build_parser() -> argparse.ArgumentParser:
     pa.add_argument("--json", action="store_true")
     pa.set_defaults(fn=cmd_parse)
 
+    from goblin_assets.cli_chat import add_chat_parser
     from goblin_assets.cli_kb import add_kb_parser
     from goblin_assets.cli_opscope import add_opscope_parser
     from goblin_assets.cli_opscope_mine import add_mining_parsers
 
     add_kb_parser(sub)
+    add_chat_parser(sub)
     add_mining_parsers(add_opscope_parser(sub))
 
     s = sub.add_parser("sql", help="run a SQL query on the warehouse")

@@ -157,6 +157,10 @@ class RunMetrics(BaseModel):
     ``real_tokens_per_sec`` only the attention mask's ones (filled from
     ``tokens_per_sec`` and ``padding_share`` when not given);
     memory in GB (1e9 bytes); ``util_pct`` and ``mfu_pct`` in percent.
+    ``headroom_batch`` is the per-device batch size (samples per micro-batch)
+    whose modelled memory peak fills the device: the measured batch plus
+    ``memory_headroom_gb`` over the activation memory per sample (estimated,
+    linear in the batch).
     ``not_observable`` maps a null field's name to the reason it is null.
     """
 
@@ -181,6 +185,7 @@ class RunMetrics(BaseModel):
     attention_kernel_loaded: bool | None = None
     waste_budget: dict[str, WasteBucket] = Field(default_factory=dict)
     memory_headroom_gb: float | None = None
+    headroom_batch: int | None = None
     warnings: list[str] = Field(default_factory=list)
     not_observable: dict[str, str] = Field(default_factory=dict)
     provenance: RunProvenance = Field(default_factory=lambda: RunProvenance(kind="measured"))

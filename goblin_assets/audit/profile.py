@@ -12,7 +12,7 @@ from goblin_assets.runners.base import Runner
 from goblin_assets.runners.local import RawRun
 from goblin_assets.runners.peaks import lookup_gpu_peak, measure_cpu_peak_tflops
 from goblin_assets.runners.replay import metrics_from_raw
-from goblin_assets.runners.trace import read_trace
+from goblin_assets.runners.trace import TraceSummary, read_trace
 from goblin_assets.runners.workload import Workload
 
 #: aten ops that mean a fused/SDPA attention kernel ran (shared/profiling_facts.md section 2).
@@ -95,7 +95,7 @@ def profile_run(workload: Workload, runner: Runner, steps: int = 10, warmup: int
                    provenance=_provenance(raw), warnings=list(r.get("warnings", [])),
                    trace_path=str(raw.trace_path), **throughput_fields(raw, workload))
     summary = read_trace(raw.trace_path)
-    m.waste_budget = waste_budget(summary, m.step_time_s)
+    m.waste_budget = waste_budget(summary, m.step_time_s, bf16_matmul=r.get("cpu_bf16_matmul"))
     total_us = sum(s.dur_us for s in summary.steps)
     m.top_kernels = [KernelShare(name=o["name"], pct_time=100.0 * o["self_us"] / total_us)
                      for o in r.get("ops", [])[:5]] if total_us > 0 else []
@@ -121,7 +121,7 @@ def profile_run(workload: Workload, runner: Runner, steps: int = 10, warmup: int
         except ImportError:  # pragma: no cover - psutil is a dependency
             pass
         m.warnings.append("cpu run: memory figures are the process's host RSS (GB), not device memory")
-    m.not_observable["headroom_batch"] = "per-sample activation memory is not measured yet"
+    _headroom_batch(m, r, summary)
     # MFU
     flops = r.get("flops_total") or 0
     if flops and m.step_time_s:
@@ -149,6 +149,56 @@ def profile_run(workload: Workload, runner: Runner, steps: int = 10, warmup: int
     if "rocprof" in r:
         merge_rocprof(m, r["rocprof"])
     return m
+
+
+def activation_gb_per_sample(r: dict, summary: TraceSummary) -> tuple[float | None, str]:
+    """Memory one more sample of a micro-batch costs (GB), and how it was measured.
+
+    Activation memory of a step = peak allocated - allocated at the step's
+    start (weights, grads, optimizer state stay): on CUDA/ROCm from
+    ``torch.cuda.max_memory_allocated`` and ``memory_allocated`` after the
+    optimizer step, on CPU from the profiler's ``[memory]`` events (median over
+    steps).  Divided by the samples of one micro-batch (samples per step over
+    loader batches per step).  Returns ``(None, reason)`` when not measurable.
+    """
+    per = r.get("per_step") or []
+    samples = sum(p.get("samples", 0) for p in per)
+    batches = sum(p.get("batches", 0) for p in per)
+    if not samples or not batches:
+        return None, "no batches counted from the data loader"
+    micro = samples / batches
+    if r.get("device") == "cuda":
+        if r.get("mem_peak_gb") is None or r.get("mem_static_gb") is None:
+            return None, "device memory counters were not read"
+        act = r["mem_peak_gb"] - r["mem_static_gb"]
+        how = "torch.cuda max_memory_allocated - memory_allocated after the optimizer step"
+    else:
+        if not summary.alloc_step_bytes:
+            return None, "the trace has no allocator [memory] events (profile_memory off)"
+        # The profiler's CPU byte count starts at 0 when profiling starts: the first
+        # step's start misses what was allocated before it, so it is left out.
+        per_step = [v for _, v in sorted(summary.alloc_step_bytes.items())]
+        per_step = per_step[1:] if len(per_step) > 1 else per_step
+        act = statistics.median(pk - st for st, pk in per_step) / 1e9
+        how = "torch.profiler [memory] events: peak - start of step allocated bytes (median over steps after the first)"
+    if act <= 0:
+        return None, f"no activation memory measured ({how})"
+    return act / micro, f"{how}, over {micro:g} samples per micro-batch"
+
+
+def _headroom_batch(m: RunMetrics, r: dict, summary: TraceSummary) -> None:
+    """Fill ``m.headroom_batch`` (estimated) or give the reason in ``not_observable``."""
+    per_sample, how = activation_gb_per_sample(r, summary)
+    if per_sample is None or m.memory_headroom_gb is None:
+        m.not_observable["headroom_batch"] = how if per_sample is None else "memory headroom unknown"
+        return
+    per = r["per_step"]
+    micro = sum(p["samples"] for p in per) / sum(p["batches"] for p in per)
+    m.headroom_batch = int(micro + max(m.memory_headroom_gb, 0.0) / per_sample)
+    m.warnings.append(
+        f"headroom_batch {m.headroom_batch} is estimated: {m.memory_headroom_gb:.2f} GB headroom / "
+        f"{per_sample * 1e3:.3f} MB activation memory per sample ({how}); assumes activations grow "
+        "linearly with the batch")
 
 
 def merge_rocprof(m: RunMetrics, rp: dict) -> None:

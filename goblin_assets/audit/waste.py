@@ -9,13 +9,69 @@ priority decomposition (Kernel > ... > DataLoader > CpuOp > Other; see
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from goblin_assets.contracts import WASTE_BUCKETS, WasteBucket
-from goblin_assets.runners.trace import TraceSummary
+from goblin_assets.runners.trace import GemmCall, TraceSummary
+
+#: GEMM tile edge of the shape model: MI300X MFMA / hipBLASLt macro tiles and
+#: NVIDIA tensor-core tiles come in multiples of 64 (issue 4; the NVIDIA "Matrix
+#: Multiplication Background User's Guide", section "Tile quantization").
+GEMM_TILE = 64
+
+#: Share of an fp32 GEMM's time that bf16 saves: "bf16 would halve" it (issue 4).
+#: Conservative: MI300X matrix bf16 is 8x its fp32 peak (1307.4 vs 163.4 TFLOP/s,
+#: ROCm docs "MI300X peak-performance capabilities", shared/profiling_facts.md section 6).
+BF16_SAVING = 0.5
 
 
-def waste_budget(summary: TraceSummary, step_time_s: float) -> dict[str, WasteBucket]:
+def tile_waste_fraction(m: int, n: int, k: int, tile: int = GEMM_TILE) -> float:
+    """Share of a GEMM's work spent on tile padding: ``1 - MNK / (M'N'K')``.
+
+    ``X' = ceil(X / tile) * tile``: a kernel that computes whole ``tile``-sized
+    tiles does the padded product's work (tile quantization, NVIDIA "Matrix
+    Multiplication Background User's Guide").  0 when every dimension is a
+    multiple of ``tile``; dimensions are element counts (int > 0).
+    """
+    def up(x: int) -> int:
+        return max(tile, math.ceil(x / tile) * tile)
+
+    return 1.0 - (m * n * k) / (up(m) * up(n) * up(k))
+
+
+def gemm_estimates(gemms: list[GemmCall], step_indices: list[int],
+                   bf16_saves: bool) -> tuple[np.ndarray, np.ndarray, dict]:
+    """Per step: (kernel_shape µs, precision_path µs) estimated from GEMM calls, and counts.
+
+    ``kernel_shape`` = sum of ``time x tile_waste_fraction`` over GEMMs whose
+    M, N or K is not a multiple of :data:`GEMM_TILE`; ``precision_path`` =
+    :data:`BF16_SAVING` x the rest of the fp32 (``float``) GEMM time, when
+    ``bf16_saves`` (else 0).  Both are carved out of useful time.
+    """
+    pos = {s: i for i, s in enumerate(step_indices)}
+    shape = np.zeros(len(step_indices))
+    prec = np.zeros(len(step_indices))
+    n_gemms = n_misaligned = n_fp32 = 0
+    for g in gemms:
+        i = pos.get(g.step)
+        if i is None:
+            continue
+        n_gemms += 1
+        f = tile_waste_fraction(g.m, g.n, g.k)
+        if f > 0:
+            n_misaligned += 1
+        shape[i] += g.time_us * f
+        if g.dtype == "float":
+            n_fp32 += 1
+            if bf16_saves:
+                prec[i] += BF16_SAVING * g.time_us * (1.0 - f)
+    return shape, prec, {"gemms": n_gemms, "misaligned": n_misaligned, "fp32": n_fp32}
+
+
+def waste_budget(summary: TraceSummary, step_time_s: float,
+                 bf16_matmul: bool | None = None) -> dict[str, WasteBucket]:
     """Split the median step time into waste buckets from a profiler trace.
 
     Shares are averaged over all profiled steps, then scaled to ``step_time_s``
@@ -28,9 +84,15 @@ def waste_budget(summary: TraceSummary, step_time_s: float) -> dict[str, WasteBu
       while the device is idle (bounded by the idle time); ``host_gap`` = the
       remaining device idle time.
 
-    ``comm_excess`` is measured as 0 when the trace has no collectives; the
-    ``precision_path`` and ``kernel_shape`` estimates need GPU kernels and are
-    not observable on CPU traces.
+    ``comm_excess`` is measured as 0 when the trace has no collectives.
+    ``precision_path`` and ``kernel_shape`` are *estimated* from the GEMM calls
+    the trace records with their shapes (:func:`gemm_estimates`) and carved out
+    of ``useful``: on GPU traces both (bf16 matrix units assumed, as on
+    MI200/MI300 and A100/H100); on CPU traces ``precision_path`` only, and only
+    when ``bf16_matmul`` says whether the CPU has bf16 matrix instructions
+    (``amx_bf16``/``avx512_bf16``; without them bf16 saves nothing, estimated
+    0).  ``kernel_shape`` is not observable on CPU: the 64-multiple tile model
+    describes GPU matrix-core tiles, not CPU BLAS register blocking.
 
     Units: seconds per step.  Raises ``ValueError`` for a trace with no steps.
     """
@@ -49,6 +111,14 @@ def waste_budget(summary: TraceSummary, step_time_s: float) -> dict[str, WasteBu
         useful_note = "CPU time inside ops (forward, backward, optimizer), outside the data loader"
         gap_note = "step time not covered by op execution (Python, framework overhead)"
     gap = np.maximum(total - useful - data, 0)
+    step_ids = [s.index for s in summary.steps]
+    bf16_saves = bool(bf16_matmul) if not summary.has_device else True
+    shape, prec, n = gemm_estimates(summary.gemms, step_ids, bf16_saves)
+    if not summary.has_device:
+        shape = np.zeros_like(shape)
+    shape = np.minimum(shape, useful)
+    prec = np.minimum(prec, useful - shape)
+    useful = useful - shape - prec
     denom = float(total.sum())
     scale = step_time_s / denom if denom > 0 else 0.0
 
@@ -62,14 +132,40 @@ def waste_budget(summary: TraceSummary, step_time_s: float) -> dict[str, WasteBu
         "host_gap": WasteBucket(seconds=part(gap), status="measured", note=gap_note),
         "comm_excess": WasteBucket(seconds=0.0, status="measured",
                                    note="no collective ops in the trace (single process)"),
-        "precision_path": WasteBucket(status="not_observable",
-                                      note="needs GPU kernel times of fp32 GEMMs; not estimated on CPU traces"
-                                      if not summary.has_device else "not estimated yet"),
-        "kernel_shape": WasteBucket(status="not_observable",
-                                    note="needs GPU GEMM kernel shapes; not estimated on CPU traces"
-                                    if not summary.has_device else "not estimated yet"),
+        "precision_path": _precision_bucket(summary, part(prec), n, bf16_matmul),
+        "kernel_shape": _shape_bucket(summary, part(shape), n),
     }
     return {b: buckets[b] for b in WASTE_BUCKETS}
+
+
+def _precision_bucket(summary: TraceSummary, seconds: float, n: dict, bf16_matmul: bool | None) -> WasteBucket:
+    if not summary.gemms:
+        return WasteBucket(status="not_observable",
+                           note="no GEMM ops with shapes in the trace (needs record_shapes=True)")
+    where = "device kernel" if summary.has_device else "CPU op"
+    if not summary.has_device and bf16_matmul is None:
+        return WasteBucket(status="not_observable",
+                           note="unknown whether this CPU has bf16 matrix instructions (amx_bf16/avx512_bf16)")
+    if not summary.has_device and not bf16_matmul:
+        return WasteBucket(seconds=0.0, status="estimated",
+                           note=f"{n['fp32']} of {n['gemms']} GEMM calls are fp32, but this CPU has no bf16 "
+                                "matrix instructions (amx_bf16/avx512_bf16): bf16 would not run them faster")
+    return WasteBucket(seconds=seconds, status="estimated",
+                       note=f"half the {where} time of {n['fp32']} fp32 GEMM calls (of {n['gemms']}): "
+                            "what bf16 matrix units would save (estimated from their share)")
+
+
+def _shape_bucket(summary: TraceSummary, seconds: float, n: dict) -> WasteBucket:
+    if not summary.has_device:
+        return WasteBucket(status="not_observable",
+                           note="the 64-multiple tile model describes GPU matrix-core tiles; CPU BLAS blocks "
+                                "by register width, so CPU GEMM shapes are not estimated")
+    if not summary.gemms:
+        return WasteBucket(status="not_observable",
+                           note="no GEMM kernels linked to shaped ops in the trace (needs record_shapes=True)")
+    return WasteBucket(seconds=seconds, status="estimated",
+                       note=f"{n['misaligned']} of {n['gemms']} GEMM calls have M, N or K not a multiple of "
+                            f"{GEMM_TILE}: kernel time x tile-padding share 1 - MNK/(M'N'K')")
 
 
 def shares(budget: dict[str, WasteBucket]) -> dict[str, float]:

@@ -48,6 +48,20 @@ def _current_rss_bytes() -> int:
         return 0
 
 
+def cpu_bf16_matmul() -> bool | None:
+    """Whether this CPU has bf16 matrix instructions (``amx_bf16`` or ``avx512_bf16`` in
+    ``/proc/cpuinfo`` flags, the ISA oneDNN uses for bf16 GEMMs); None when unreadable."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    return bool(flags & {"amx_bf16", "avx512_bf16"})
+    except OSError:
+        return None
+    return None
+
+
 class StepBudgetReached(BaseException):
     """Raised from the optimizer hook once the step budget is spent."""
 
@@ -86,7 +100,8 @@ class Harness:
         self.step = 0
         self.t_last = None
         self.step_end_times: list[float] = []
-        self.cur = [0, 0, 0, 0.0]  # samples, tokens, nonpad, data-wait seconds in the current step
+        self.cur = [0, 0, 0, 0.0, 0]  # samples, tokens, nonpad, data-wait seconds, batches in the current step
+        self.mem_boundary: list[float] = []  # device bytes allocated at each measured step's end (cuda)
         self.per_step: list[dict] = []
         self.prof = None
         self.tap = None
@@ -106,6 +121,7 @@ class Harness:
             h.cur[0] += s
             h.cur[1] += t
             h.cur[2] += n
+            h.cur[4] += 1
             return batch
 
         _dl._BaseDataLoaderIter.__next__ = __next__
@@ -117,15 +133,19 @@ class Harness:
         if self.step > self.warmup:
             self.per_step.append(
                 {"samples": self.cur[0], "tokens": self.cur[1], "nonpad_tokens": self.cur[2],
-                 "data_wait_s": self.cur[3], "step_time_s": now - self.t_last,
+                 "data_wait_s": self.cur[3], "batches": self.cur[4], "step_time_s": now - self.t_last,
                  # CLOCK_MONOTONIC seconds (perf_counter on Linux): lines steps up with
                  # rocprofv3's nanosecond timestamps (runners/rocprof.py).
                  "t_start_s": self.t_last, "t_end_s": now}
             )
             self.rss_samples.append(_current_rss_bytes())
+            if self.device_kind == "cuda":
+                # After optimizer.step activations are freed: what stays is weights, grads and
+                # optimizer state (the batch-independent part of the peak).
+                self.mem_boundary.append(float(torch.cuda.memory_allocated()))
             if self.tap is not None:
                 self.tap.flush(self.step - self.warmup - 1)
-        self.cur = [0, 0, 0, 0.0]
+        self.cur = [0, 0, 0, 0.0, 0]
         if self.step == self.warmup:
             self._begin_measured()
         elif self.step > self.warmup and self.prof is not None and self.step < self.warmup + self.steps:
@@ -149,8 +169,11 @@ class Harness:
             sched = torch.profiler.schedule(wait=0, warmup=0, active=self.steps, repeat=1)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
+                # On CPU the allocator's [memory] events are the only per-step activation
+                # memory there is (RSS keeps freed pages); CUDA has its own counters.
                 self.prof = torch.profiler.profile(activities=acts, schedule=sched, record_shapes=True,
-                                                   with_flops=True)
+                                                   with_flops=True,
+                                                   profile_memory=self.device_kind == "cpu")
             self.prof.start()
         elif self.mode == "sketch":
             mod, _, cls = self.spec["tap"].partition(":")
@@ -159,7 +182,13 @@ class Harness:
 
     # -- results -----------------------------------------------------------------
     def finish(self, reached: bool) -> None:
+        warn: list[str] = []
+        if self.device_kind == "cuda" and torch.cuda.max_memory_allocated() == 0:
+            # A GPU is present but the script never put a tensor on it (e.g. digits_mlp).
+            warn.append("a GPU is present but the script allocated nothing on it: measured as a CPU run")
+            self.device_kind = "cpu"
         result: dict = {
+            "warnings": warn,
             "reached_budget": reached,
             "steps_seen": self.step,
             "per_step": self.per_step,
@@ -171,10 +200,13 @@ class Harness:
             "cpu_count": os.cpu_count(),
             "max_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9,
             "rss_gb_samples": [r / 1e9 for r in self.rss_samples],
+            "cpu_bf16_matmul": cpu_bf16_matmul(),
         }
         if self.device_kind == "cuda":
             result["device_name"] = torch.cuda.get_device_name(0)
             result["mem_peak_gb"] = torch.cuda.max_memory_allocated() / 1e9
+            if self.mem_boundary:
+                result["mem_static_gb"] = min(self.mem_boundary) / 1e9
             free, total = torch.cuda.mem_get_info()
             result["mem_total_gb"] = total / 1e9
         if self.prof is not None:

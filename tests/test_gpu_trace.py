@@ -1,0 +1,75 @@
+"""The GPU side of the trace reader and waste budget, on a Kineto-schema GPU trace.
+
+No GPU is lent to CI: ``tests/data/gpu_trace.py`` writes a small trace with
+the events torch.profiler records on CUDA/ROCm.  Holistic Trace Analysis
+loading it (and agreeing with our device-busy time) checks that the reader
+and HTA expect the same schema.  ``benchmarks/gpu_trace_check.py`` repeats
+the check on a real GPU run when a device is lent.
+"""
+from __future__ import annotations
+
+import pytest
+
+from goblin_assets.audit.waste import gemm_estimates, tile_waste_fraction, waste_budget
+from goblin_assets.runners.trace import read_trace
+from tests.data.gpu_trace import STEP_US, STEPS, write_gpu_trace
+
+
+@pytest.fixture
+def gpu_trace_path(tmp_path):
+    return write_gpu_trace(tmp_path / "rank0.json")
+
+
+def test_tile_waste_fraction():
+    assert tile_waste_fraction(128, 256, 64) == 0.0
+    assert tile_waste_fraction(64, 256, 100) == pytest.approx(1 - 100 / 128)
+    assert tile_waste_fraction(1, 1, 1) == pytest.approx(1 - 1 / 64**3)
+    assert tile_waste_fraction(65, 64, 64) == pytest.approx(1 - 65 / 128)
+
+
+def test_reader_links_gemm_kernels_to_their_shaped_ops(gpu_trace_path):
+    s = read_trace(gpu_trace_path)
+    assert s.has_device and s.device_name.startswith("NVIDIA H100")
+    assert [st.device_busy_us for st in s.steps] == [70.0] * len(STEPS)
+    assert [st.data_wait_us for st in s.steps] == [30.0] * len(STEPS)
+    per_step = [(g.name, g.dtype, g.m, g.n, g.k, g.time_us) for g in s.gemms if g.step == STEPS[0]]
+    assert per_step == [("aten::addmm", "float", 64, 256, 100, 40.0),
+                        ("aten::mm", "c10::BFloat16", 128, 128, 128, 20.0)]
+
+
+def test_gpu_waste_budget_estimates_precision_and_shape(gpu_trace_path):
+    s = read_trace(gpu_trace_path)
+    step_s = STEP_US * 1e-6
+    b = waste_budget(s, step_s)
+    shape_us = 40.0 * (1 - 100 / 128)           # the fp32 addmm's K=100 pads to 128
+    prec_us = 0.5 * (40.0 - shape_us)           # bf16 halves the rest of the fp32 GEMM; the bf16 mm saves nothing
+    assert b["kernel_shape"].seconds == pytest.approx(shape_us * 1e-6)
+    assert b["precision_path"].seconds == pytest.approx(prec_us * 1e-6)
+    assert b["useful"].seconds == pytest.approx((70.0 - shape_us - prec_us) * 1e-6)
+    assert b["data_wait"].seconds == pytest.approx(30e-6)
+    assert b["host_gap"].seconds == pytest.approx((200.0 - 70.0 - 30.0) * 1e-6)
+    assert {k: v.status for k, v in b.items()} == {
+        "useful": "measured", "data_wait": "measured", "host_gap": "measured", "comm_excess": "measured",
+        "precision_path": "estimated", "kernel_shape": "estimated"}
+    assert sum(v.seconds for v in b.values()) == pytest.approx(step_s)
+    assert "3 of 6 GEMM calls" in b["kernel_shape"].note
+
+
+def test_gemm_estimates_ignore_steps_outside_the_window(gpu_trace_path):
+    s = read_trace(gpu_trace_path)
+    shape, prec, n = gemm_estimates(s.gemms, [STEPS[0]], bf16_saves=True)
+    assert len(shape) == 1 and n == {"gemms": 2, "misaligned": 1, "fp32": 1}
+
+
+def test_holistic_trace_analysis_loads_the_gpu_trace(gpu_trace_path):
+    """HTA (the profiler team's analysis library) parses the same file and agrees on kernel time."""
+    from hta.trace_analysis import TraceAnalysis
+
+    ours = read_trace(gpu_trace_path)
+    hta = TraceAnalysis(trace_dir=str(gpu_trace_path.parent), include_last_profiler_step=True)
+    assert [int(x) for x in hta.get_profiler_steps()] == list(STEPS)
+    tb = hta.get_temporal_breakdown(visualize=False)
+    busy = float(tb["compute_time(us)"].iloc[0] + tb["non_compute_time(us)"].iloc[0])
+    assert busy == pytest.approx(sum(st.device_busy_us for st in ours.steps))
+    kernels = hta.get_gpu_kernel_breakdown(visualize=False)[1]
+    assert len(kernels) == 3
