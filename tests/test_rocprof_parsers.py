@@ -204,8 +204,8 @@ for epoch in range(100):
 """
 
 
-def test_rocprof_runner_with_stand_in_tools(tmp_path, monkeypatch):
-    monkeypatch.setenv("GOBLIN_HOME", str(tmp_path / "home"))
+def _stand_in_rocprof(tmp_path):
+    """A rocprof runner whose rocprofv3/amd-smi are the stand-ins above, and the tiny training script."""
     rocprofv3 = tmp_path / "rocprofv3"
     rocprofv3.write_text(FAKE_ROCPROFV3.format(python=sys.executable))
     amd_smi = tmp_path / "amd-smi"
@@ -216,6 +216,12 @@ def test_rocprof_runner_with_stand_in_tools(tmp_path, monkeypatch):
     script.write_text(TINY_TRAIN)
     runner = make_runner("rocprof", device="cpu", timeout_s=60, rocprofv3=str(rocprofv3), amd_smi=str(amd_smi),
                          smi_interval_s=0.2)
+    return runner, script
+
+
+def test_rocprof_runner_with_stand_in_tools(tmp_path, monkeypatch):
+    monkeypatch.setenv("GOBLIN_HOME", str(tmp_path / "home"))
+    runner, script = _stand_in_rocprof(tmp_path)
     assert isinstance(runner, RocprofRunner)
     raw = runner.run(load_workload(script), "benchmark", steps=3, warmup=1)
     assert raw.ok, (raw.failure, raw.stderr_tail)
@@ -246,3 +252,19 @@ def test_rocprof_runner_without_kernel_trace_says_so(tmp_path, monkeypatch):
     raw = runner.run(load_workload(script), "benchmark", steps=2, warmup=1)
     assert raw.ok, raw.failure
     assert "wrote no *kernel_trace.csv" in raw.result["rocprof"]["error"]
+
+
+def test_profile_run_merges_rocprof_and_amd_smi(tmp_path, monkeypatch):
+    """profile_run through the rocprof runner: kernel-level figures replace the torch.profiler ones."""
+    from goblin_assets.audit.profile import profile_run
+
+    monkeypatch.setenv("GOBLIN_HOME", str(tmp_path / "home"))
+    runner, script = _stand_in_rocprof(tmp_path)
+    m = profile_run(load_workload(script), runner, steps=3, warmup=1)
+    assert m.ok, (m.failure, m.stderr_tail)
+    assert m.provenance.profiler == "torch.profiler + rocprofv3"
+    assert [k.name for k in m.top_kernels] == ["Cijk_Alik_Bljk_SB_MT64x64x16", "elementwise_kernel"]
+    assert 0 < m.util_pct <= 100
+    assert m.mem_avg_gb is not None and "mem_avg_gb" not in m.not_observable
+    assert m.memory_headroom_gb is not None and m.memory_headroom_gb > 0
+    assert sum(b.seconds for b in m.waste_budget.values()) == pytest.approx(m.step_time_s, rel=0.05)

@@ -21,6 +21,7 @@ Everything the parent needs goes to ``OUT/result.json``; the Chrome trace to
 from __future__ import annotations
 
 import importlib
+import importlib.abc
 import json
 import os
 import resource
@@ -60,6 +61,60 @@ def cpu_bf16_matmul() -> bool | None:
     except OSError:
         return None
     return None
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Run ``fn(module)`` right after module ``name`` is first imported (a post-import hook)."""
+
+    def __init__(self, name: str, fn):
+        self.name, self.fn = name, fn
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.name:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                break
+        else:
+            return None
+        exec_module, fn = spec.loader.exec_module, self.fn
+
+        def run_then_hook(module):
+            exec_module(module)
+            fn(module)
+
+        spec.loader.exec_module = run_then_hook
+        return spec
+
+
+def cap_trainer_max_steps(budget: int) -> None:
+    """Make every HF ``TrainingArguments`` (and subclasses: SFTConfig, ...) end after ``budget`` steps.
+
+    The optimizer hook already stops the run; setting ``max_steps`` as well
+    lets a ``Trainer`` size its schedules and progress for the short run, as the
+    issue asks ("for HF Trainer scripts also ``max_steps``").  Applied when
+    ``transformers.training_args`` is imported, so scripts without
+    transformers never pay for it.  A script's smaller ``max_steps`` is kept.
+    """
+    def patch(module) -> None:
+        cls = module.TrainingArguments
+        orig = cls.__post_init__
+
+        def __post_init__(self, *a, **kw):  # noqa: N807 - the dataclass hook's name
+            orig(self, *a, **kw)
+            if self.max_steps is None or self.max_steps <= 0 or self.max_steps > budget:
+                self.max_steps = budget
+
+        cls.__post_init__ = __post_init__
+
+    mod = sys.modules.get("transformers.training_args")
+    if mod is not None:
+        patch(mod)
+    else:
+        sys.meta_path.insert(0, _AfterImport("transformers.training_args", patch))
 
 
 class StepBudgetReached(BaseException):
@@ -236,6 +291,7 @@ def main(argv: list[str]) -> int:
     if spec.get("threads"):
         torch.set_num_threads(int(spec["threads"]))
     h.install_loader_counter()
+    cap_trainer_max_steps(h.warmup + h.steps)
     handle = register_optimizer_step_post_hook(h.on_step)
     script = spec["script"]
     sys.argv = [script, *spec.get("args", [])]
