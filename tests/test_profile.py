@@ -87,3 +87,10 @@ def test_top_ops_and_other_fields(digits_profile):
     assert m.mem_peak_gb and 0.05 < m.mem_peak_gb < 8
     assert m.mfu_pct is not None and 0 < m.mfu_pct < 100
     assert "tokens_per_sec" in m.not_observable
+
+
+def test_every_empty_field_says_why(digits_profile):
+    """RunMetrics fields are filled or named in not_observable with a reason (issue 4, Done when)."""
+    data = digits_profile.model_dump()
+    empty = [k for k, v in data.items() if v is None and k != "failure"]
+    assert empty and all(digits_profile.not_observable.get(k) for k in empty), empty

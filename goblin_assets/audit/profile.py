@@ -146,6 +146,7 @@ def profile_run(workload: Workload, runner: Runner, steps: int = 10, warmup: int
     if workload.unit == "samples":
         m.not_observable["tokens_per_sec"] = "workload counts samples, not tokens"
         m.not_observable["padding_share"] = "workload counts samples, not tokens"
+        m.not_observable["real_tokens_per_sec"] = "workload counts samples, not tokens"
     if "rocprof" in r:
         merge_rocprof(m, r["rocprof"])
     return m
