@@ -73,3 +73,13 @@ def test_holistic_trace_analysis_loads_the_gpu_trace(gpu_trace_path):
     assert busy == pytest.approx(sum(st.device_busy_us for st in ours.steps))
     kernels = hta.get_gpu_kernel_breakdown(visualize=False)[1]
     assert len(kernels) == 3
+
+
+def test_mfu_precision_follows_the_gemm_time(gpu_trace_path):
+    from goblin_assets.audit.profile import gemm_precision
+
+    s = read_trace(gpu_trace_path)
+    assert gemm_precision(s) == "fp32"  # 40 µs fp32 addmm vs 20 µs bf16 mm per step
+    for g in s.gemms:
+        g.dtype = "c10::BFloat16" if g.name == "aten::addmm" else g.dtype
+    assert gemm_precision(s) == "bf16"

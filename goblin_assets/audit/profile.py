@@ -131,8 +131,11 @@ def profile_run(workload: Workload, runner: Runner, steps: int = 10, warmup: int
             if peak is None:
                 m.not_observable["mfu_pct"] = f"no peak-FLOP entry for device {r.get('device_name')!r}"
             else:
-                m.mfu_pct = 100.0 * flops_per_s / (peak.fp32_tflops * 1e12)
-                m.warnings.append(f"MFU against {peak.name} dense fp32 peak ({peak.source})")
+                prec = gemm_precision(summary)
+                tflops = peak.bf16_tflops if prec == "bf16" else peak.fp32_tflops
+                m.mfu_pct = 100.0 * flops_per_s / (tflops * 1e12)
+                m.warnings.append(f"MFU against {peak.name} dense {prec} peak {tflops} TFLOP/s ({peak.source}); "
+                                  f"precision from the GEMM kernels' input types")
         else:
             peak_tf = measure_cpu_peak_tflops(threads=r.get("num_threads"))
             m.mfu_pct = 100.0 * flops_per_s / (peak_tf * 1e12)
@@ -150,6 +153,14 @@ def profile_run(workload: Workload, runner: Runner, steps: int = 10, warmup: int
     if "rocprof" in r:
         merge_rocprof(m, r["rocprof"])
     return m
+
+
+def gemm_precision(summary: TraceSummary) -> str:
+    """The run's matmul precision for the MFU peak: ``bf16`` when half-precision
+    (bf16/fp16) GEMMs take most of the GEMM time in the trace, else ``fp32``."""
+    half = sum(g.time_us for g in summary.gemms if g.dtype in ("c10::BFloat16", "c10::Half"))
+    total = sum(g.time_us for g in summary.gemms)
+    return "bf16" if total > 0 and half / total > 0.5 else "fp32"
 
 
 def activation_gb_per_sample(r: dict, summary: TraceSummary) -> tuple[float | None, str]:
