@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dagster as dg
 
+from goblin_assets.defs.agent import AGENT_ASSETS
 from goblin_assets.defs.audit import AUDIT_ASSETS
 from goblin_assets.defs.checks import AUDIT_CHECKS
 from goblin_assets.defs.automation import automation_sensor, observe_rocm_image_daily, observe_rocm_image_job
@@ -13,7 +14,7 @@ from goblin_assets.defs.sql import SQL_ASSETS
 from goblin_assets.defs.resources import runner_from_env, warehouse_resource
 
 defs = dg.Definitions(
-    assets=[*AUDIT_ASSETS, *OPSCOPE_ASSETS, *MINING_ASSETS, *SQL_ASSETS],
+    assets=[*AUDIT_ASSETS, *AGENT_ASSETS, *OPSCOPE_ASSETS, *MINING_ASSETS, *SQL_ASSETS],
     asset_checks=AUDIT_CHECKS,
     sensors=[workload_folders_sensor, automation_sensor],
     schedules=[observe_rocm_image_daily],

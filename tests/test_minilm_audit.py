@@ -1,7 +1,8 @@
 """The whole audit on the real MiniLM + LoRA workload: KB rules, a diff that applies, a measured gain.
 
 Slow (several minutes on 2 CPU cores): it profiles, patches and benchmarks the
-packaged all-MiniLM-L6-v2 fine-tune.  The gain is measured in real
+packaged all-MiniLM-L6-v2 fine-tune.  It also holds the checks of the profiled
+baseline (one profile of the workload serves both).  The gain is measured in real
 (non-padding) tokens/s, the honest unit once padding changes.
 """
 from __future__ import annotations
@@ -29,8 +30,18 @@ def test_minilm_audit_end_to_end(tmp_path, monkeypatch):
     monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
     wl = load_workload(REPO_ROOT / "workloads" / "minilm_lora_cls")
     kb = load_kb()
-    res = run_audit(wl, LocalRunner(device="cpu", timeout_s=900), steps=3, bench_steps=8, repeats=2,
+    res = run_audit(wl, LocalRunner(device="cpu", timeout_s=900), steps=3, bench_steps=6, repeats=2,
                     sketch_steps=1, kb=kb, log=lambda s: None)
+
+    # the profiled baseline: tokens from the real input_ids the Trainer's (accelerate-wrapped) DataLoader yields
+    m = res.before
+    assert m.ok and m.provenance.kind == "measured" and m.steps == 3 and m.unit == "tokens"
+    assert m.tokens_per_sec and m.tokens_per_sec > 0
+    assert m.samples_per_step == 8
+    assert m.attention_kernel_loaded is False  # attn_implementation="eager"
+    assert sum(b.seconds for b in m.waste_budget.values()) == pytest.approx(m.step_time_s, rel=0.05)
+    assert m.trace_path and Path(m.trace_path).is_file()
+    assert m.headroom_batch is not None and m.headroom_batch > 8
 
     # the rules come from the KB, with their citations; no special case in code
     applied = {a.rule_id for a in res.patch.applied}
