@@ -1,7 +1,9 @@
 """``make demo``: materialize every asset for the bundled workloads, headlessly, with Dagster.
 
 ``python -m goblin_assets.demo [WORKLOAD ...] [--all]``: ``--all`` adds the
-opscope lab assets (recording drivers, miners, probes, plan).
+opscope lab assets (recording drivers, miners, probes, plan).  Without
+workload names it audits the runnable workloads only; a replay partition of the
+synthetic corpus is audited when named (``synthetic/fp32_on_mi300x``).
 
 Uses the instance at ``$DAGSTER_HOME`` (the Makefile sets ``./.goblin/dagster``)
 so the runs show up later in ``make ui``; adds one dynamic partition per
@@ -18,9 +20,10 @@ import time
 import dagster as dg
 from rich.console import Console
 
-from goblin_assets import warehouse_path
+from goblin_assets import warehouse_path, workloads_root
 from goblin_assets.definitions import defs
 from goblin_assets.defs.partitions import workload_names, workloads_partitions
+from goblin_assets.runners.workload import load_workload
 from goblin_assets.warehouse.db import query
 
 
@@ -42,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     console = Console()
     args = list(argv if argv is not None else sys.argv[1:])
     lab = "--all" in args  # also the opscope lab: recording drivers and miners (several more minutes)
-    names = [a for a in args if not a.startswith("--")] or workload_names()
+    names = [a for a in args if not a.startswith("--")] or [
+        n for n in workload_names() if not load_workload(workloads_root() / n).replay]
     instance = dg.DagsterInstance.get() if os.environ.get("DAGSTER_HOME") else dg.DagsterInstance.ephemeral()
     known = set(instance.get_dynamic_partitions(workloads_partitions.name))
     instance.add_dynamic_partitions(workloads_partitions.name, [n for n in names if n not in known])
@@ -81,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
     console.print(f"\ndone in {time.perf_counter() - t0:.0f} s")
     for name, path, speed in reports:
-        console.print(f"report for {name}: {path}  (measured speedup {speed:.2f}x)")
+        measured = f"measured speedup {speed:.2f}x" if speed is not None else "replayed: nothing measured"
+        console.print(f"report for {name}: {path}  ({measured})")
     console.print(f"warehouse: {warehouse_path()}")
     counts = query("SELECT 'runs' t, count(*) n FROM runs UNION ALL SELECT 'sketches', count(*) FROM sketches "
                    "UNION ALL SELECT 'benchmarks', count(*) FROM benchmarks UNION ALL SELECT 'audits', count(*) "

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import dagster as dg
 import pytest
 
 from goblin_assets.warehouse.db import query
@@ -14,8 +15,14 @@ from goblin_assets.warehouse.db import query
 pytestmark = pytest.mark.slow
 
 TINY = Path(__file__).parent / "data" / "tiny_workload"
-RUNNER_CONFIG = '{"resources": {"runner": {"config": {"profiled_steps": 2, "warmup_steps": 1}}}}'
-WRITERS = "workload_source,profile_run,waste_budget"  # two warehouse writers per run, each step its own process
+# The smallest run the harness allows (1 warm-up + 1 profiled step).  Each run executes in its own process
+# (in-process executor: the code is imported once per run, not once per step); the four runs, each with two
+# warehouse writers and three table checks reading the warehouse back, contend for the one DuckDB file.
+RUN_CONFIG = ('{"execution": {"config": {"in_process": {}}}, '
+              '"resources": {"runner": {"config": {"profiled_steps": 1, "warmup_steps": 1}}}}')
+WRITERS = "workload_source,profile_run,waste_budget"  # two warehouse writers per run
+CHECKS = [("profile_run", "kernels_schema"), ("waste_budget", "waste_budget_schema"),
+          ("waste_budget", "waste_budget_sums_to_step_time")]
 
 
 def test_four_partitions_at_once_share_one_warehouse(tmp_path):
@@ -30,16 +37,17 @@ def test_four_partitions_at_once_share_one_warehouse(tmp_path):
     (dagster_home / "dagster.yaml").write_text(
         "telemetry:\n  enabled: false\nconcurrency:\n  pools:\n    default_limit: 1\n")
     env = {**os.environ, "GOBLIN_HOME": str(home), "DAGSTER_HOME": str(dagster_home), "GOBLIN_WORKLOADS": str(root)}
-    subprocess.run([sys.executable, "-c", "import dagster as dg\n"
-                    f"dg.DagsterInstance.get().add_dynamic_partitions('workloads', {names!r})"],
-                   env=env, check=True, timeout=120)
+    with dg.DagsterInstance.from_config(str(dagster_home)) as instance:
+        instance.add_dynamic_partitions("workloads", names)
     procs = [subprocess.Popen([sys.executable, "-m", "dagster", "asset", "materialize", "-m", "goblin_assets.definitions",
-                               "--select", WRITERS, "--partition", n, "--config-json", RUNNER_CONFIG],
+                               "--select", WRITERS, "--partition", n, "--config-json", RUN_CONFIG],
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for n in names]
     outs = [p.communicate(timeout=900)[0] for p in procs]
     for n, p, out in zip(names, procs, outs):
         assert p.returncode == 0, f"{n} failed:\n{out[-4000:]}"
+        for asset, check in CHECKS:  # the rows each run wrote were all there when it read them back
+            assert f"Asset check '{check}' on '{asset}' passed." in out, (n, check)
     db = home / "warehouse.duckdb"
     runs = query("SELECT workload, count(*) n FROM runs GROUP BY workload ORDER BY workload", db)
     assert runs.to_dict("records") == [{"workload": n, "n": 1} for n in names]

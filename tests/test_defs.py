@@ -6,7 +6,8 @@ import pytest
 from dagster_duckdb import DuckDBResource
 
 from goblin_assets.definitions import defs
-from goblin_assets.defs.partitions import workload_folders_sensor, workloads_partitions
+from goblin_assets.audit.corpus import scenarios
+from goblin_assets.defs.partitions import workload_folders_sensor, workload_names, workloads_partitions
 from goblin_assets.defs.resources import RunnerResource
 from goblin_assets.warehouse.db import query
 
@@ -30,7 +31,9 @@ def test_every_stage_is_an_asset():
     ("tensor_sketches", {"workload_source", "profile_run"}),
     ("mined_patterns", {"tensor_sketches"}),
     ("kb_index", {"kb_rules"}),
-    ("kb_matches", {"training_config", "profile_run", "waste_budget", "mined_patterns", "kb_rules", "kb_index"}),
+    # workload_source: a replay's rules are checked in its recorded environment (environment.yaml)
+    ("kb_matches", {"training_config", "profile_run", "waste_budget", "mined_patterns", "kb_rules", "kb_index",
+                    "workload_source"}),
     ("patch", {"training_config", "kb_rules", "kb_matches", "profile_run", "workload_source"}),
     ("benchmark_baseline", {"training_config", "workload_source", "rocm_image"}),
     ("benchmark_patched", {"patch", "workload_source", "rocm_image"}),
@@ -43,10 +46,13 @@ def test_lineage(child, parents):
 
 
 def test_sensor_adds_workload_partitions():
+    """One partition per workload folder: the 2 runnable ones and each synthetic scenario (replayed)."""
     instance = dg.DagsterInstance.ephemeral()
     res = workload_folders_sensor(dg.build_sensor_context(instance=instance))
     added = [p for r in res.dynamic_partitions_requests for p in getattr(r, "partition_keys", [])]
-    assert "digits_mlp" in added
+    synthetic = [f"synthetic/{p.name}" for p in scenarios()]
+    assert len(synthetic) == 10
+    assert added == sorted(["digits_mlp", "minilm_lora_cls", *synthetic]) == workload_names()
 
 
 @pytest.mark.slow
@@ -66,7 +72,9 @@ def test_materialize_digits_partition_in_process(tmp_path, monkeypatch):
                          resources=resources)
     assert res.success
     checks = {e.check_name: e.passed for e in res.get_asset_check_evaluations()}
-    assert checks == {"sketches_schema": True, "patterns_schema": True, "waste_budget_sums_to_step_time": True}
+    assert checks == {
+        "kernels_schema": True, "waste_budget_schema": True, "sketches_schema": True, "patterns_schema": True,
+        "benchmarks_schema": True, "waste_budget_sums_to_step_time": True}
     meta = res.asset_materializations_for_node("audit_report")[-1].metadata
     assert "Measured speedup" in meta["report"].value and "```diff" in meta["report"].value
     assert meta["measured_speedup"].value > 1.0

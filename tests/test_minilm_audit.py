@@ -30,7 +30,7 @@ def test_minilm_audit_end_to_end(tmp_path, monkeypatch):
     monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
     wl = load_workload(REPO_ROOT / "workloads" / "minilm_lora_cls")
     kb = load_kb()
-    res = run_audit(wl, LocalRunner(device="cpu", timeout_s=900), steps=3, bench_steps=6, repeats=2,
+    res = run_audit(wl, LocalRunner(device="cpu", timeout_s=900), steps=3, bench_steps=8, repeats=2,
                     sketch_steps=1, kb=kb, log=lambda s: None)
 
     # the profiled baseline: tokens from the real input_ids the Trainer's (accelerate-wrapped) DataLoader yields

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from goblin_assets.opscope.miner import mine_patterns
-from goblin_assets.opscope.sketches import STATS, sketch_layout, sketch_vector
+from goblin_assets.opscope.sketches import SCALAR_STATS, STATS, sketch_layout, sketch_vector
 from goblin_assets.opscope.taps import MatmulTap
 from goblin_assets.warehouse.db import validate
 from goblin_assets.warehouse.tables import columns
@@ -38,7 +38,8 @@ def digits_mlp(seed: int = 0) -> torch.nn.Sequential:
     return m
 
 
-def record_digits(steps: int = 4, batch: int = 64, optimizer: str | None = None, run_id: str = "digits-mine"):
+def record_digits(steps: int = 4, batch: int = 64, optimizer: str | None = None, run_id: str = "digits-mine",
+                  stats: tuple[str, ...] = STATS):
     """Tap a digits MLP fed real scikit-learn digits for ``steps`` steps.
 
     Returns (sketch rows, the pixels fed, the post-ReLU activations of layer 0 on them).
@@ -55,7 +56,7 @@ def record_digits(steps: int = 4, batch: int = 64, optimizer: str | None = None,
            "sgd": lambda p: torch.optim.SGD(p, lr=1e-3)}[optimizer]
     opt = opt(m.parameters()) if opt else None
     fed = []
-    with MatmulTap() as tap:
+    with MatmulTap(stats) as tap:
         for s in range(steps):
             xb, yb = X[s * batch:(s + 1) * batch], y[s * batch:(s + 1) * batch]
             fed.append(xb)
@@ -128,9 +129,9 @@ def test_weights_stationary_without_optimizer_and_drifting_with_it(digits):
     assert f == "stationary" and 0 < ev["l1_cv"] < 1e-4 and not ev["exact_repeat"]
 
 
-def test_scalar_only_sketches_keep_the_audit_contract(digits):
+def test_scalar_only_sketches_keep_the_audit_contract():
     """sparse_gemm iff density < 0.5, else dense_not_observable; skipped rules are named."""
-    df, _, _ = digits
+    df, _, _ = record_digits(stats=SCALAR_STATS, run_id="digits-scalar")
     pat = mine_patterns(df)
     for (site, role), g in df[df.stat == "nnz"].groupby(["site", "role"]):
         density = float((g.value / g.numel).mean())

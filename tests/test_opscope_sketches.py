@@ -45,6 +45,7 @@ def test_every_stat_on_a_known_2x2_tensor():
     np.testing.assert_allclose(s["chan_maxabs"][1], [3.0, 2.0])
     np.testing.assert_allclose(s["pos_sumsq"][1], [4.0, 9.0])
     np.testing.assert_allclose(s["adj_sumsq"][1], [13.0])               # (3-0)^2 + (0+2)^2
+    assert scal["far_sumsq"] == pytest.approx(13.0)                     # R = 2: rows 1 apart, the same pair
     np.testing.assert_array_equal(s["adj_sumsq"][0], [0])
     hist = dict(zip(s["hist"][0].tolist(), s["hist"][1].tolist()))
     # x / 3 = [0, -2/3, 1, 0] -> bins floor((y + 1) * 16) = 16, 5, 31 (y = 1 in the last bin), 16
@@ -61,6 +62,7 @@ def test_vector_stats_follow_the_row_channel_view_of_a_3d_tensor():
     np.testing.assert_allclose(s["chan_maxabs"][1], np.abs(a).max(0), rtol=1e-6)
     np.testing.assert_allclose(s["pos_sumsq"][1], (a ** 2).sum(1), rtol=1e-5)
     np.testing.assert_allclose(s["adj_sumsq"][1], ((a[1:] - a[:-1]) ** 2).sum(1), rtol=1e-5)
+    assert s["far_sumsq"][1][0] == pytest.approx(((a[7:] - a[:8]) ** 2).sum(1).mean(), rel=1e-5)   # h = 15 // 2
     assert s["hist"][1].sum() == pytest.approx(1.0)
     assert len(s["sample"][1]) == 16 and s["sample"][0][-1] == x.numel() - 1
     np.testing.assert_allclose(s["sample"][1], a.reshape(-1)[s["sample"][0]])
@@ -97,7 +99,7 @@ def test_unknown_stat_is_a_typed_error():
 
 @pytest.mark.parametrize("dist", DISTRIBUTIONS)
 def test_sampled_sketches_stay_within_the_stated_error(dist):
-    """Module docstring: exact tier exact; density 0.01, l1 3 %, hist 0.05, kurtosis 10 % below 10."""
+    """Module docstring: exact tier exact; density 0.01, l1 3 %, far_sumsq 10 %, hist 0.05, kurtosis 10 % below 10."""
     x = draw(dist, (4096, 384), torch.Generator().manual_seed(1))
     exact, samp = stats_of(x, None), stats_of(x, 256)
     for s in ("min", "max", "mean", "sumsq", "chan_outlier"):
@@ -107,6 +109,7 @@ def test_sampled_sketches_stay_within_the_stated_error(dist):
     s1 = lambda s: samp[s][1][0]   # noqa: E731
     assert abs(s1("nnz") - e1("nnz")) / x.numel() < 0.01
     assert s1("l1") == pytest.approx(e1("l1"), rel=0.03)
+    assert s1("far_sumsq") == pytest.approx(e1("far_sumsq"), rel=0.10)
     assert np.abs(samp["hist"][1] - exact["hist"][1]).sum() < 0.05
     if e1("kurtosis") < 10:   # heavy tails (heavy-tailed, outlier-channel): no useful sampled estimate
         assert s1("kurtosis") == pytest.approx(e1("kurtosis"), rel=0.10)

@@ -1,9 +1,11 @@
 """The Dagster UI as a user meets it: headless Chromium (Debian's) driven by Playwright.
 
-Starts ``dagster dev`` on the project's workspace, opens the asset lineage,
-materializes the ``digits_mlp`` partition of the audit through the UI, waits for
-the run to succeed, opens the audit report's metadata and saves screenshots
-(to ``$GOBLIN_SCREENSHOTS``, default ``.goblin/screenshots``).
+Starts ``dagster dev`` on the project's workspace (runs kept small through the
+``GOBLIN_RUNNER_*`` variables), opens the asset lineage, materializes the
+``digits_mlp`` partition of the audit through the UI, waits for the run to
+succeed, opens the waste budget's asset checks and the audit report's
+metadata, and saves screenshots (to ``$GOBLIN_SCREENSHOTS``, default
+``.goblin/screenshots``).
 
 Skipped only when ``GOBLIN_SKIP_BROWSER=1``; CI runs it (``make test`` installs
 Chromium from Debian's packages).
@@ -48,22 +50,26 @@ def _graphql(url: str, query: str) -> dict:
         return json.loads(r.read())["data"]
 
 
+#: The smallest runs that still measure a data-loader-bound step and both benchmark arms: this test checks the UI
+#: flow (launch, run, checks, report), not the size of the speedup (tests/test_defs.py and test_audit_e2e do that).
+SMALL_RUNS = {"GOBLIN_RUNNER_PROFILED_STEPS": "1", "GOBLIN_RUNNER_WARMUP_STEPS": "1", "GOBLIN_RUNNER_BENCH_STEPS": "2",
+              "GOBLIN_RUNNER_BENCH_REPEATS": "1", "GOBLIN_RUNNER_SKETCH_STEPS": "1"}
+
+
 @pytest.fixture
-def dagster_ui(tmp_path):
+def dagster_ui(tmp_path, monkeypatch):
+    import dagster as dg
+    from dagster_duckdb import DuckDBResource
+
+    from goblin_assets.definitions import defs
+    from goblin_assets.defs.resources import RunnerResource
+
     home = tmp_path / "home"
     dagster_home = home / "dagster"
     dagster_home.mkdir(parents=True)
     (dagster_home / "dagster.yaml").write_text(
         "telemetry:\n  enabled: false\nconcurrency:\n  pools:\n    default_limit: 1\n")
-    env = {**os.environ, "GOBLIN_HOME": str(home), "DAGSTER_HOME": str(dagster_home),
-           "GOBLIN_RUNNER_PROFILED_STEPS": "3", "GOBLIN_RUNNER_BENCH_STEPS": "10",
-           "GOBLIN_RUNNER_BENCH_REPEATS": "2", "GOBLIN_RUNNER_SKETCH_STEPS": "2"}
-    # The knowledge base is an unpartitioned upstream of the audit: build it first.
-    subprocess.run([sys.executable, "-c", (
-        "import dagster as dg\nfrom goblin_assets.definitions import defs\n"
-        "inst = dg.DagsterInstance.get()\ninst.add_dynamic_partitions('workloads', ['digits_mlp'])\n"
-        "assert dg.materialize([*defs.assets], selection=['kb_rules', 'kb_index'], instance=inst,"
-        " resources=defs.resources).success\n")], env=env, cwd=REPO, check=True, timeout=600)
+    env = {**os.environ, "GOBLIN_HOME": str(home), "DAGSTER_HOME": str(dagster_home), **SMALL_RUNS}
     port = _free_port()
     log = open(tmp_path / "dagster_dev.log", "wb")
     proc = subprocess.Popen([sys.executable, "-m", "dagster", "dev", "-w", "workspace.yaml", "-h", "127.0.0.1",
@@ -71,6 +77,14 @@ def dagster_ui(tmp_path):
                             start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
+        # The knowledge base is an unpartitioned upstream of the audit: built here, in process, while
+        # `dagster dev` starts.
+        monkeypatch.setenv("GOBLIN_HOME", str(home))
+        with dg.DagsterInstance.from_config(str(dagster_home)) as inst:
+            inst.add_dynamic_partitions("workloads", ["digits_mlp"])
+            assert dg.materialize([*defs.assets, *defs.asset_checks], selection=["kb_rules", "kb_index"],
+                                  instance=inst, resources={"runner": RunnerResource(), "duckdb": DuckDBResource(
+                                      database=str(home / "warehouse.duckdb"))}).success
         deadline = time.time() + 240
         while True:
             try:
@@ -104,8 +118,16 @@ def _wait_for_run(url: str, timeout_s: float = 900) -> dict:
         mine = [r for r in results if {"key": "dagster/partition", "value": "digits_mlp"} in r["tags"]]
         if mine and mine[0]["status"] in ("SUCCESS", "FAILURE", "CANCELED"):
             return mine[0]
-        time.sleep(5)
+        time.sleep(2)
     raise AssertionError("the run launched from the UI did not finish in time")
+
+
+def _python_assets() -> int:
+    """How many assets the ``kind:python`` selection holds: the audit's partitioned stages."""
+    from goblin_assets.definitions import defs
+
+    graph = defs.resolve_asset_graph()
+    return sum("python" in graph.get(k).kinds for k in graph.get_all_asset_keys())
 
 
 def test_materialize_digits_audit_through_the_ui(dagster_ui):
@@ -118,7 +140,7 @@ def test_materialize_digits_audit_through_the_ui(dagster_ui):
         page.set_default_timeout(90_000)
         page.goto(f"{dagster_ui}/asset-groups", wait_until="networkidle")
         page.locator("button", has_text="Materialize all").first.wait_for()
-        page.wait_for_timeout(3000)
+        page.wait_for_timeout(1000)
         if page.get_by_role("button", name="Skip").count():  # first-visit community dialog
             page.get_by_role("button", name="Skip").click()
         page.screenshot(path=str(shots / "01_asset_graph.png"))
@@ -128,11 +150,11 @@ def test_materialize_digits_audit_through_the_ui(dagster_ui):
         page.locator(".CodeMirror").first.click()
         page.keyboard.type("kind:python")
         page.keyboard.press("Enter")
-        page.wait_for_timeout(3000)
+        page.wait_for_timeout(1000)
         page.screenshot(path=str(shots / "02_audit_selection.png"))
         page.locator("button", has_text="Materialize all").first.click()
         dialog = page.locator(".dagster-dialog")
-        dialog.get_by_text("Launch runs to materialize 11 assets").wait_for()
+        dialog.get_by_text(f"Launch runs to materialize {_python_assets()} assets").wait_for()
         dialog.get_by_text("Select a partition or create one").click()
         page.get_by_text("digits_mlp", exact=True).first.click()
         page.keyboard.press("Escape")
@@ -140,17 +162,25 @@ def test_materialize_digits_audit_through_the_ui(dagster_ui):
         page.get_by_role("button", name="Launch 1 run").click()
         run = _wait_for_run(dagster_ui)
         page.goto(f"{dagster_ui}/runs/{run['runId']}", wait_until="networkidle")
-        page.wait_for_timeout(3000)
+        page.wait_for_timeout(1000)
         page.screenshot(path=str(shots / "04_run.png"))
         assert run["status"] == "SUCCESS", f"run {run['runId']} ended {run['status']}"
+        # the asset checks: the waste budget's schema and sum checks, evaluated by the run, on its checks tab
+        page.goto(f"{dagster_ui}/assets/waste_budget?view=checks&partition=digits_mlp", wait_until="networkidle")
+        for check in ("waste_budget_schema", "waste_budget_sums_to_step_time"):
+            page.get_by_text(check).first.wait_for()
+        page.wait_for_timeout(1000)
+        page.screenshot(path=str(shots / "05_waste_budget_checks.png"))
+        body = page.inner_text("body")
+        assert "Passed" in body or "Succeeded" in body, body[:2000]
         # the audit report's metadata: the markdown report with the measured speedup and the diff
         page.goto(f"{dagster_ui}/assets/audit_report?view=events&partition=digits_mlp", wait_until="networkidle")
         page.get_by_text("Show Markdown").first.wait_for()
-        page.screenshot(path=str(shots / "05_audit_report_events.png"))
+        page.screenshot(path=str(shots / "06_audit_report_events.png"))
         page.get_by_text("Show Markdown").first.click()  # the "report" entry: the rendered markdown report
         page.get_by_text("Measured speedup").first.wait_for()
-        page.wait_for_timeout(2000)
-        page.screenshot(path=str(shots / "06_audit_report_markdown.png"))
+        page.wait_for_timeout(1000)
+        page.screenshot(path=str(shots / "07_audit_report_markdown.png"))
         body = page.inner_text("body")
         assert "Measured speedup" in body
         assert "data.loader_workers_with_threads" in body

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,27 +51,39 @@ def training_config(workload: Workload) -> ConfigDict:
 
 
 def profile(workload: Workload, runner: Runner, steps: int, p: Patch | None = None, label: str = "",
-            warmup: int = 2) -> RunMetrics:
+            warmup: int = 2, log: Log | None = None) -> RunMetrics:
     """Stage 2: a profiled run of the workload (or of its patched copy ``p``).
 
+    ``log`` (optional) gets one line when the run starts and one when it ends.
     Raises RunFailed (naming the script and the reason) when the run fails.
     """
+    log = log or (lambda _: None)
+    log(f"{label or 'profile'}: {workload.name}, {warmup} warm-up + {steps} profiled steps ({runner.kind} runner)")
+    t0 = time.perf_counter()
     m = profile_run(workload, runner, steps=steps, warmup=warmup, label=label,
                     script=Path(p.patched_file) if p and p.patched_file else None,
                     env=p.env if p else None, unset_env=p.unset_env if p else None)
     if not m.ok:
         raise RunFailed(f"profile_run: {m.failure}\n--- stderr (tail) ---\n{m.stderr_tail[-1500:]}", m)
+    log(f"{label or 'profile'}: done in {time.perf_counter() - t0:.1f} s ({m.provenance.kind}): {m.steps} steps, "
+        f"{(m.step_time_s or 0) * 1e3:.1f} ms/step, {m.throughput or 0:.1f} {m.unit}/s")
     return m
 
 
-def kb_matches(config: ConfigDict, metrics: RunMetrics, kb: KnowledgeBase) -> list[RuleMatch]:
+def kb_matches(config: ConfigDict, metrics: RunMetrics, kb: KnowledgeBase,
+               environment: dict | None = None) -> list[RuleMatch]:
     """Stage 5: retrieval proposes, detection confirms.
 
     Every rule's ``detect`` conditions are checked on this config and run; each
     match also records the cosine similarity of the rule to a symptom sentence
     built from the run's measured waste (all-MiniLM-L6-v2, see retrieval.py).
+    ``environment``: a replayed run's recorded ``env``, ``host``, ``packages``
+    and ``cores`` (:meth:`Workload.recorded_environment`), read instead of
+    this machine's.
     """
-    matches = match_rules(kb, detect_context(config, metrics, cores=cores()))
+    env = environment or {}
+    matches = match_rules(kb, detect_context(config, metrics, env=env.get("env"), cores=env.get("cores") or cores(),
+                                             host=env.get("host"), packages=env.get("packages")))
     scores = retrieval_scores(kb, run_symptoms(config, metrics))
     for m in matches:
         m.retrieval_score = scores.get(m.rule_id)
@@ -83,9 +96,11 @@ def patch(config: ConfigDict, kb: KnowledgeBase, matches: list[RuleMatch], metri
 
     Also writes a patched copy of the workload and ``patch.diff`` (the exact,
     unredacted diff, for ``git apply``) into ``out_dir``, on this machine only.
+    A replay workload's rules size the patch for its recorded cores and packages.
     """
-    p = propose_patch(config, kb, matches, metrics, cores=cores(), workload_root=workload.root, out_dir=out_dir,
-                      source=workload.config_file)
+    env = workload.recorded_environment() or {}
+    p = propose_patch(config, kb, matches, metrics, cores=env.get("cores") or cores(), workload_root=workload.root,
+                      out_dir=out_dir, source=workload.config_file, packages=env.get("packages"))
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "patch.diff").write_text(p.diff, encoding="utf-8")
     return p

@@ -12,6 +12,7 @@ from dagster_pandera import pandera_schema_to_dagster_type
 from goblin_assets import goblin_home, workloads_root
 from goblin_assets.audit import pipeline as stages
 from goblin_assets.audit import retrieval
+from goblin_assets.audit.corpus import replay_report
 from goblin_assets.redact import redact
 from goblin_assets.audit.kb import KnowledgeBase, load_kb
 from goblin_assets.audit.report import AuditReport, compare_runs, render_markdown, write_report
@@ -21,10 +22,11 @@ from goblin_assets.defs.partitions import workloads_partitions
 from goblin_assets.defs.resources import RunnerResource
 from goblin_assets.opscope.miner import mine_patterns
 from goblin_assets.opscope.record import record_workload
+from goblin_assets.runners.replay import not_observable
 from goblin_assets.runners.workload import Workload, load_workload
 from goblin_assets.warehouse import frames as F
 from goblin_assets.warehouse.db import ensure_tables, write_frames
-from goblin_assets.warehouse.tables import TABLES, schema
+from goblin_assets.warehouse.tables import TABLES, columns, schema
 
 POOL = "warehouse_writer"  # every asset that writes DuckDB: one writer at a time
 
@@ -39,19 +41,27 @@ _AUTO = dict(automation_condition=REAUDIT)  # stages downstream of rocm_image: r
 
 
 def _audit_id(context: dg.AssetExecutionContext) -> str:
-    return f"{context.partition_key}-{context.run.run_id[:8]}"
+    return f"{context.partition_key.replace('/', '-')}-{context.run.run_id[:8]}"
 
 
 def _write(duckdb: DuckDBResource, frames: dict[str, pd.DataFrame]) -> dict[str, dg.MetadataValue]:
-    """Write frames in one transaction; metadata: row counts and the first table's schema."""
+    """Write frames in one transaction; metadata: row counts, which rows (``written``) and the first table's schema.
+
+    ``written`` is ``table -> {"key": its id column, "ids": [...], "rows": n}``: what the table checks
+    (defs/checks.py) read back from the warehouse.
+    """
     with duckdb.get_connection() as con:
         ensure_tables(con)
         counts = write_frames(con, frames)
     first = next(iter(frames))
     schema = dg.TableSchema(columns=[dg.TableColumn(c, t) for c, t, _ in TABLES[first]])
+    key = {t: TABLES[t][0][0] for t in frames}
+    written = {t: {"key": key[t], "ids": sorted(df[key[t]].astype(str).unique().tolist()), "rows": counts[t]}
+               for t, df in frames.items()}
     return {
         "dagster/row_count": dg.MetadataValue.int(sum(counts.values())),
         "rows_by_table": dg.MetadataValue.json(counts),
+        "written": dg.MetadataValue.json(written),
         "dagster/column_schema": dg.MetadataValue.table_schema(schema),
         "dagster/table_name": dg.MetadataValue.text(f"warehouse.{first}"),
     }
@@ -59,10 +69,12 @@ def _write(duckdb: DuckDBResource, frames: dict[str, pd.DataFrame]) -> dict[str,
 
 @dg.asset(group_name="configs", **_KW)
 def workload_source(context: dg.AssetExecutionContext) -> Workload:
-    """The workload folder of this partition (`workloads/<name>/workload.yaml` and its entry script)."""
+    """The workload folder of this partition: `workloads/<name>/workload.yaml` and its entry script, or a replay folder (`synthetic/<scenario>`: a recorded `cached_metrics.json` and a config file, never run)."""
     wl = load_workload(workloads_root() / context.partition_key)
     context.add_output_metadata({"entry": dg.MetadataValue.path(str(wl.script)), "unit": wl.unit,
-                                 "script_sha256": wl.script_hash()})
+                                 "script_sha256": wl.script_hash(), "runs_as": "replay" if wl.replay else "script",
+                                 "recording": dg.MetadataValue.path(str(wl.root / (wl.recording or "")))
+                                 if wl.replay else "none"})
     return wl
 
 
@@ -82,14 +94,14 @@ def training_config(context: dg.AssetExecutionContext, workload_source: Workload
 @dg.asset(group_name="profiling", pool=POOL, deps=[rocm_image], **_AUTO, **_KW)
 def profile_run(context: dg.AssetExecutionContext, workload_source: Workload, runner: RunnerResource,
                 duckdb: DuckDBResource) -> RunMetrics:
-    """A few steps of the workload under torch.profiler in a child process: RunMetrics and a Chrome trace."""
-    m = stages.profile(workload_source, runner.get_runner(), runner.profiled_steps, label="profile",
-                       warmup=runner.warmup_steps)
+    """A few steps of the workload under torch.profiler in a child process: RunMetrics and a Chrome trace (a replay folder's recording, labelled replayed or modelled)."""
+    m = stages.profile(workload_source, runner.get_runner(workload_source), runner.profiled_steps, label="profile",
+                       warmup=runner.warmup_steps, log=context.log.info)
     run_id = f"{_audit_id(context)}-profile"
     meta = _write(duckdb, {"runs": F.runs_frame(m, run_id, "profile"), "kernels": F.kernels_frame(m, run_id)})
     context.add_output_metadata({**meta, "trace": dg.MetadataValue.path(m.trace_path or ""),
                                  "step_time_s": m.step_time_s, f"{m.unit}_per_sec": m.throughput or 0.0,
-                                 "run_id": run_id})
+                                 "run_id": run_id, "provenance": m.provenance.kind})
     return m
 
 
@@ -108,10 +120,17 @@ def waste_budget(context: dg.AssetExecutionContext, profile_run: RunMetrics, duc
 @dg.asset(group_name="sketches", pool=POOL, deps=[profile_run], dagster_type=table_type("sketches"), **_AUTO, **_KW)
 def tensor_sketches(context: dg.AssetExecutionContext, workload_source: Workload, runner: RunnerResource,
                     duckdb: DuckDBResource) -> pd.DataFrame:
-    """Sketches (min/max/mean/l1/sumsq/nnz) of every forward matmul's lhs, rhs and out, tapped on the device."""
-    df = record_workload(workload_source, runner.get_runner(), steps=runner.sketch_steps,
-                         run_id=f"{_audit_id(context)}-sketch")
-    context.add_output_metadata({**_write(duckdb, {"sketches": df}),
+    """Sketches (min/max/mean/l1/sumsq/nnz) of every forward matmul's lhs, rhs and out, tapped on the device (none, with the reason, for a replay)."""
+    r = runner.get_runner(workload_source)
+    if reason := not_observable(workload_source, r, "sketch"):
+        context.log.warning(f"tensor_sketches: {reason}")
+        df = pd.DataFrame(columns=columns("sketches"))
+    else:
+        context.log.info(f"tensor_sketches: tapping forward matmuls for {runner.sketch_steps} steps")
+        df = record_workload(workload_source, r, steps=runner.sketch_steps, run_id=f"{_audit_id(context)}-sketch")
+        context.log.info(f"tensor_sketches: {len(df)} rows from {df['site'].nunique()} sites")
+    context.add_output_metadata({**_write(duckdb, {"sketches": df}), "status": "not_observable" if reason else "measured",
+                                 "reason": reason or "",
                                  "sites": dg.MetadataValue.json(sorted(df["site"].unique().tolist()))})
     return df
 
@@ -152,9 +171,9 @@ def kb_index(context: dg.AssetExecutionContext, kb_rules: KnowledgeBase, duckdb:
 
 @dg.asset(group_name="kb", pool=POOL, deps=[waste_budget, mined_patterns, kb_index], **_AUTO, **_KW)
 def kb_matches(context: dg.AssetExecutionContext, training_config: ConfigDict, profile_run: RunMetrics,
-               kb_rules: KnowledgeBase, duckdb: DuckDBResource) -> list[RuleMatch]:
-    """Every rule's detect conditions checked on this workload's config and measured waste budget."""
-    matches = stages.kb_matches(training_config, profile_run, kb_rules)
+               kb_rules: KnowledgeBase, workload_source: Workload, duckdb: DuckDBResource) -> list[RuleMatch]:
+    """Every rule's detect conditions checked on this workload's config and waste budget (in a replay's recorded environment)."""
+    matches = stages.kb_matches(training_config, profile_run, kb_rules, workload_source.recorded_environment())
     meta = _write(duckdb, {"kb_matches": F.kb_frame(matches, _audit_id(context), context.partition_key)})
     top = sorted((m for m in matches if m.retrieval_score is not None), key=lambda m: -m.retrieval_score)[:5]
     context.add_output_metadata({**meta, "fired": dg.MetadataValue.json([m.rule_id for m in matches if m.fired]),
@@ -193,12 +212,20 @@ def patch(context: dg.AssetExecutionContext, training_config: ConfigDict, kb_rul
 )
 def benchmarks(context: dg.AssetExecutionContext, workload_source: Workload, training_config: ConfigDict,
                patch: Patch, runner: RunnerResource, duckdb: DuckDBResource):
-    """Original vs patched for the same steps, repeats alternating; the patched run is also profiled."""
-    r = runner.get_runner()
+    """Original vs patched for the same steps, repeats alternating; the patched run is also profiled. A replay measures nothing: both outputs are None, with the reason."""
+    r = runner.get_runner(workload_source)
+    if reason := not_observable(workload_source, r, "benchmark"):
+        context.log.warning(f"benchmarks: {reason}")
+        for lab, value in (("baseline", None), ("patched", (None, None))):
+            yield dg.Output(value, output_name=f"benchmark_{lab}", metadata={"status": "not_observable",
+                                                                                "reason": reason})
+        return
+    context.log.info(f"benchmarks: {runner.bench_repeats} alternating repeats of {runner.bench_steps} steps, "
+                     f"baseline and patched")
     bench = stages.benchmarks(workload_source, r, training_config, patch, runner.bench_steps, runner.bench_repeats,
                               log=context.log.info)
     after = stages.profile(workload_source, r, runner.profiled_steps, p=patch, label="patched",
-                           warmup=runner.warmup_steps)
+                           warmup=runner.warmup_steps, log=context.log.info)
     aid = _audit_id(context)
     meta = _write(duckdb, {
         "benchmarks": F.bench_frame(bench, aid, context.partition_key),
@@ -209,29 +236,38 @@ def benchmarks(context: dg.AssetExecutionContext, workload_source: Workload, tra
     for lab in ("baseline", "patched"):
         b = bench[lab]
         yield dg.Output((b, after) if lab == "patched" else b, output_name=f"benchmark_{lab}", metadata={
-            **meta, "median": b.median, "spread": b.spread, "throughputs": dg.MetadataValue.json(b.throughputs),
-            "cache_hit": b.cache_hit})
+            **meta, "status": "measured", "median": b.median, "spread": b.spread,
+            "throughputs": dg.MetadataValue.json(b.throughputs), "cache_hit": b.cache_hit})
 
 
 @dg.asset(group_name="reports", pool=POOL, **_AUTO, **_KW)
-def audit_report(context: dg.AssetExecutionContext, profile_run: RunMetrics, benchmark_baseline: BenchmarkResult,
-                 benchmark_patched: tuple, patch: Patch, training_config: ConfigDict, workload_source: Workload,
-                 duckdb: DuckDBResource) -> AuditReport:
-    """The before/after report: measured throughput, waste budget split, the diff and the citations."""
+def audit_report(context: dg.AssetExecutionContext, profile_run: RunMetrics,
+                 benchmark_baseline: BenchmarkResult | None, benchmark_patched: tuple, patch: Patch,
+                 training_config: ConfigDict, workload_source: Workload, duckdb: DuckDBResource):
+    """The before/after report: measured throughput, waste budget split, the diff and the citations (for a replay: the recorded numbers, labelled, and no measured speedup)."""
     bench_p, after = benchmark_patched
-    rep = compare_runs(profile_run, after, {"baseline": benchmark_baseline, "patched": bench_p}, patch,
-                       training_config, model=workload_source.model)
     out = _out_dir(context)
-    path = write_report(rep, out)
+    if benchmark_baseline is None:  # nothing was measured: a replay
+        rep = replay_report(profile_run, patch, training_config, model=workload_source.model)
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / "report.md"
+        path.write_text(rep.markdown, encoding="utf-8")
+        md = rep.markdown
+    else:
+        rep = compare_runs(profile_run, after, {"baseline": benchmark_baseline, "patched": bench_p}, patch,
+                           training_config, model=workload_source.model)
+        path = write_report(rep, out)
+        png = base64.b64encode((out / "report.png").read_bytes()).decode()
+        md = render_markdown(rep, f"data:image/png;base64,{png}")
     aid = _audit_id(context)
-    meta = _write(duckdb, {"audits": F.audit_frame(aid, workload_source.name, f"{aid}-profile", f"{aid}-patched",
-                                                   rep, patch, path)})
-    png = base64.b64encode((out / "report.png").read_bytes()).decode()
-    md = render_markdown(rep, f"data:image/png;base64,{png}")
+    meta = _write(duckdb, {"audits": F.audit_frame(aid, workload_source.name, f"{aid}-profile",
+                                                   f"{aid}-patched" if after else None, rep, patch, path)})
     context.add_output_metadata({**meta, "report": dg.MetadataValue.md(md),
                                  "report_path": dg.MetadataValue.path(str(path)),
-                                 "measured_speedup": rep.measured_speedup,
-                                 "rules": dg.MetadataValue.json([a.rule_id for a in rep.applied])})
+                                 "provenance": profile_run.provenance.kind,
+                                 "measured_speedup": dg.MetadataValue.float(rep.measured_speedup)
+                                 if rep.measured_speedup is not None else dg.MetadataValue.null(),
+                                 "rules": dg.MetadataValue.json([a.rule_id for a in patch.applied])})
     return rep
 
 

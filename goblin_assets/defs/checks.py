@@ -1,47 +1,94 @@
-"""Asset checks: pandera schemas on table-shaped assets, and the waste-budget sum."""
+"""Asset checks: pandera schemas on every table-shaped asset's warehouse rows, the waste-budget sum,
+and the KB's recall over the synthetic corpus.  All blocking: bad rows stop the stages downstream."""
 
 import warnings
 
 import dagster as dg
 import pandas as pd
 import pandera.errors
+from dagster_duckdb import DuckDBResource
 
 from goblin_assets.contracts import RunMetrics
 from goblin_assets.defs.partitions import workloads_partitions
-from goblin_assets.warehouse.tables import schema
+from goblin_assets.warehouse.db import ensure_tables
+from goblin_assets.warehouse.tables import TABLES, schema
 
 #: The waste buckets must add up to the measured step time within this (issue 4).
 SUM_TOLERANCE = 0.05
 
+POOL = "warehouse_writer"  # the table checks read DuckDB: never beside a writer (one process at a time)
 
-def _pandera_check(table: str, df: pd.DataFrame) -> dg.AssetCheckResult:
-    try:
-        schema(table).validate(df, lazy=True)
-    except pandera.errors.SchemaErrors as exc:
-        cases = exc.failure_cases.head(10).astype(str).to_dict("records")
-        return dg.AssetCheckResult(passed=False, metadata={"failure_cases": dg.MetadataValue.json(cases)})
-    return dg.AssetCheckResult(passed=True, metadata={"rows": len(df)})
-
+#: (asset, warehouse table it writes) -> what the rows are; one blocking pandera check each.
+TABLE_ASSETS: dict[tuple[str, str], str] = {
+    ("profile_run", "kernels"): "the profiled run's top kernels (name, percent of time)",
+    ("waste_budget", "waste_budget"): "the profiled run's waste budget, one row per bucket",
+    ("tensor_sketches", "sketches"): "sketch rows (tidy: site, role, stat, idx, value)",
+    ("mined_patterns", "patterns"): "the mined findings per site and role",
+    ("benchmark_baseline", "benchmarks"): "the benchmark repeats of both arms (baseline and patched)",
+}
 
 warnings.filterwarnings("ignore", message=".*partitions_def on an AssetCheckSpec.*")
 
 
-@dg.asset_check(asset="tensor_sketches", blocking=True, partitions_def=workloads_partitions,
-                description="Sketch rows match the warehouse's pandera schema (tidy: site, role, stat, idx, value).")
-def sketches_schema(tensor_sketches: pd.DataFrame) -> dg.AssetCheckResult:
-    return _pandera_check("sketches", tensor_sketches)
+def _written(instance: dg.DagsterInstance, partition: str, asset: str, table: str) -> dict:
+    """What the partition's latest materialization of ``asset`` says it wrote to ``table`` (``_write``'s metadata)."""
+    recs = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=dg.AssetKey(asset), asset_partitions=[partition]), limit=1).records
+    meta = recs[0].asset_materialization.metadata if recs and recs[0].asset_materialization else {}
+    written = (meta["written"].value if "written" in meta else {}).get(table)
+    return {**(written or {"key": TABLES[table][0][0], "ids": [], "rows": 0}),
+            "status": meta["status"].value if "status" in meta else "written"}
 
 
-@dg.asset_check(asset="mined_patterns", blocking=True, partitions_def=workloads_partitions,
-                description="Pattern rows match the warehouse's pandera schema.")
-def patterns_schema(mined_patterns: pd.DataFrame) -> dg.AssetCheckResult:
-    return _pandera_check("patterns", mined_patterns)
+def read_back(instance: dg.DagsterInstance, partition: str, asset: str, table: str,
+              duckdb: DuckDBResource) -> dg.AssetCheckResult:
+    """Read the rows ``asset`` wrote to ``table`` for ``partition`` back from the warehouse and validate them.
+
+    The rows are found by the ids its latest materialization recorded (``written`` metadata); they must
+    all be there (same count) and match the table's pandera schema.  A stage that wrote nothing (a
+    replay's benchmark: not observable) passes with its status in the metadata.
+    """
+    w = _written(instance, partition, asset, table)
+    with duckdb.get_connection() as con:
+        ensure_tables(con)
+        df = con.execute(f'SELECT * FROM "{table}" WHERE list_contains(?, "{w["key"]}")', [w["ids"]]).df()
+    res = validate_rows(table, df, expected_rows=w["rows"])
+    return dg.AssetCheckResult(passed=res.passed, metadata={**res.metadata, "ids": dg.MetadataValue.json(w["ids"]),
+                                                             "status": w["status"]})
+
+
+def validate_rows(table: str, df: pd.DataFrame, expected_rows: int | None = None) -> dg.AssetCheckResult:
+    """Validate ``df`` with the warehouse table's pandera schema; failure cases (first 10) in the metadata.
+
+    Also fails when ``expected_rows`` is given and the frame has another number of rows (rows lost or doubled).
+    """
+    meta: dict = {"rows": len(df)}
+    try:
+        schema(table).validate(df, lazy=True)
+    except pandera.errors.SchemaErrors as exc:
+        meta["failure_cases"] = dg.MetadataValue.json(exc.failure_cases.head(10).astype(str).to_dict("records"))
+    if expected_rows is not None:
+        meta["expected_rows"] = expected_rows
+    ok = "failure_cases" not in meta and expected_rows in (None, len(df))
+    return dg.AssetCheckResult(passed=ok, metadata=meta)
+
+
+def table_check(asset: str, table: str, what: str) -> dg.AssetChecksDefinition:
+    """A blocking check that ``asset``'s rows in ``table`` for this partition landed whole and valid (:func:`read_back`)."""
+    @dg.asset_check(name=f"{table}_schema", asset=asset, blocking=True, partitions_def=workloads_partitions,
+                    pool=POOL, description=f"The `{table}` rows this partition wrote ({what}) are all in the "
+                                           f"warehouse and match its pandera schema.")
+    def _check(context: dg.AssetCheckExecutionContext, duckdb: DuckDBResource) -> dg.AssetCheckResult:
+        return read_back(context.instance, context.partition_key, asset, table, duckdb)
+
+    return _check
 
 
 @dg.asset_check(asset="waste_budget", blocking=True, partitions_def=workloads_partitions,
                 additional_ins={"profile_run": dg.AssetIn()},
                 description="The waste-budget buckets add up to the measured step time within 5%.")
 def waste_budget_sums_to_step_time(waste_budget: dict, profile_run: RunMetrics) -> dg.AssetCheckResult:
+    """The buckets' seconds sum to the run's median step time within :data:`SUM_TOLERANCE`."""
     total = sum(b["seconds"] for b in waste_budget.values())
     step = profile_run.step_time_s or 0.0
     err = abs(total - step) / step if step else float("inf")
@@ -51,12 +98,10 @@ def waste_budget_sums_to_step_time(waste_budget: dict, profile_run: RunMetrics) 
     })
 
 
-AUDIT_CHECKS = [sketches_schema, patterns_schema, waste_budget_sums_to_step_time]
-
-
 @dg.asset_check(asset="kb_rules", blocking=True,
                 description="Every synthetic-corpus scenario, replayed, fires the rules it must and none it must not.")
 def kb_corpus_recall(kb_rules) -> dg.AssetCheckResult:
+    """Recall of the corpus's ``must_fire`` rules is 1.0 and no ``must_not_fire`` rule fires."""
     from goblin_assets.audit.corpus import corpus_recall
 
     res = corpus_recall(kb_rules)
@@ -66,4 +111,5 @@ def kb_corpus_recall(kb_rules) -> dg.AssetCheckResult:
         "failures": dg.MetadataValue.json(bad)})
 
 
-AUDIT_CHECKS.append(kb_corpus_recall)
+AUDIT_CHECKS = [*(table_check(a, t, what) for (a, t), what in TABLE_ASSETS.items()), waste_budget_sums_to_step_time,
+                kb_corpus_recall]

@@ -1,15 +1,21 @@
-"""One dynamic partition per workload folder, kept in sync by a sensor."""
+"""One dynamic partition per workload folder under ``workloads/``, kept in sync by a sensor."""
 
 import dagster as dg
 
+from goblin_assets import workloads_root
 from goblin_assets.runners.workload import list_workloads
 
 workloads_partitions = dg.DynamicPartitionsDefinition(name="workloads")
 
 
 def workload_names() -> list[str]:
-    """Folder names under ``workloads/`` that hold a ``workload.yaml``."""
-    return [p.name for p in list_workloads()]
+    """Partition keys: each workload folder's path under the workloads root, e.g. ``digits_mlp``, ``synthetic/fp32_on_mi300x``.
+
+    Runnable folders (``workload.yaml``) and replay folders (``cached_metrics.json``,
+    the synthetic corpus) alike; see :func:`goblin_assets.runners.workload.list_workloads`.
+    """
+    root = workloads_root()
+    return [p.relative_to(root).as_posix() for p in list_workloads(root)]
 
 
 @dg.sensor(minimum_interval_seconds=30, default_status=dg.DefaultSensorStatus.RUNNING)

@@ -7,6 +7,7 @@ from dagster_duckdb import DuckDBResource
 
 from goblin_assets import warehouse_path
 from goblin_assets.runners.base import Runner, make_runner
+from goblin_assets.runners.workload import Workload
 
 
 class RunnerResource(dg.ConfigurableResource):
@@ -33,8 +34,12 @@ class RunnerResource(dg.ConfigurableResource):
     timeout_s: float = 600.0
     mem_cap_gb: float = 16.0
 
-    def get_runner(self) -> Runner:
-        return make_runner(self.kind, device=self.device, timeout_s=self.timeout_s, mem_cap_gb=self.mem_cap_gb)
+    def get_runner(self, workload: Workload | None = None) -> Runner:
+        """The runner of ``kind``; for a replay workload (no runnable script) always the replay runner."""
+        kw = dict(device=self.device, timeout_s=self.timeout_s, mem_cap_gb=self.mem_cap_gb)
+        if workload is not None and workload.replay:
+            return make_runner("replay", recording=workload.root / workload.recording, **kw)
+        return make_runner(self.kind, **kw)
 
 
 def warehouse_resource() -> DuckDBResource:

@@ -47,6 +47,7 @@ from torch import nn
 from goblin_assets.errors import GoblinError
 from goblin_assets.opscope.inject import Gate, Recorder, SiteFilter, inject_matmul_stats
 from goblin_assets.opscope.record import SKETCH_COLUMNS
+from goblin_assets.warehouse.frames import text
 
 #: The value distributions of the sweep, in order.
 DISTRIBUTIONS: tuple[str, ...] = ("gaussian", "uniform", "relu-sparse", "heavy-tailed", "outlier-channel",
@@ -155,12 +156,11 @@ def resolve_device(device: str = "cpu") -> torch.device:
 def _frame(recorded: list[pd.DataFrame], run_id: str, driver: str, model: str, device: torch.device,
            dist: str | list[str]) -> pd.DataFrame:
     df = pd.concat(recorded, ignore_index=True) if recorded else pd.DataFrame(columns=SKETCH_COLUMNS)
-    df["run_id"] = run_id
-    df["workload"] = driver
-    df["model"] = model
-    df["backend"] = backend_name(device)
+    consts = {"run_id": run_id, "workload": driver, "model": model, "backend": backend_name(device)}
     if isinstance(dist, str):
-        df["dist"] = dist
+        consts["dist"] = dist
+    for col, v in consts.items():       # Arrow strings: the warehouse validates them per column, not per cell
+        df[col] = text(v, len(df))
     return df[SKETCH_COLUMNS]
 
 

@@ -49,6 +49,7 @@ from goblin_assets.errors import GoblinError
 from goblin_assets.opscope.sketches import (
     ROW_SAMPLE, STATS, probs_layout, probs_vector, route_layout, route_vector, sketch_layout, sketch_vector,
 )
+from goblin_assets.warehouse.frames import text
 
 aten = torch.ops.aten
 
@@ -638,7 +639,7 @@ class Recorder:
         """End the step; the step's rows (empty when the step was not recorded)."""
         step, self.step = self.step, self.step + 1
         if self._weights is None and not self._pending:
-            return pd.DataFrame(columns=ROW_COLUMNS)
+            return self._templates[1].iloc[:0].assign(value=0.0, step=step)[ROW_COLUMNS]
         w = self._weights if self._weights is not None else self.injected.weight_vector()
         vals = torch.cat([w.to(self._pending[0].device) if self._pending else w] + self._pending).cpu().numpy()
         self.readbacks += 1
@@ -655,29 +656,35 @@ class Recorder:
                 f["site"] = f["site"] + f"#{call}"
             frames.append(f)
             base += self.injected.packed_length
-        df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=ROW_COLUMNS)
+        df = pd.concat(frames, ignore_index=True) if frames else self._templates[1].iloc[:0].assign(value=0.0)
         df["step"] = step
         return df[ROW_COLUMNS]
 
 
 def _templates(inj: InjectedModel) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Row templates (site, role, stat, idx, M, K, N, numel, pos) for weight taps and graph taps."""
+    """Row templates (site, role, stat, idx, M, K, N, numel, pos) for weight taps and graph taps.
+
+    Built once per recorder; text columns are Arrow strings
+    (:func:`goblin_assets.warehouse.frames.text`), so a step's rows reach the
+    warehouse with no per-cell conversion.
+    """
     out = []
     for taps in (inj.weight_taps, inj.taps):
-        cols: dict[str, list] = {k: [] for k in ("site", "role", "stat", "idx", "M", "K", "N", "numel", "pos")}
+        stats, counts, idxs = [], [], []
         for t in taps:
-            pos = t.offset
             for stat, idx in t.layout:
-                n = len(idx)
-                cols["stat"].append(np.full(n, stat, dtype=object))
-                cols["idx"].append(idx)
-                cols["pos"].append(np.arange(pos, pos + n, dtype=np.int64))
-                for k, v in (("site", t.site), ("role", t.role)):
-                    cols[k].append(np.full(n, v, dtype=object))
-                for k, v in (("M", t.M), ("K", t.K), ("N", t.N), ("numel", t.numel)):
-                    cols[k].append(np.full(n, v, dtype=np.int64))
-                pos += n
-        out.append(pd.DataFrame({k: (np.concatenate(v) if v else np.array([], dtype=object if k in
-                                                                            ("site", "role", "stat") else np.int64))
-                                 for k, v in cols.items()}))
+                stats.append(stat)
+                counts.append(len(idx))
+                idxs.append(np.asarray(idx, dtype=np.int64))
+        per_tap = [t.length for t in taps]
+        # a tap's values are consecutive from its offset (taps of one tensor share the offset)
+        first = np.repeat(np.array([t.offset for t in taps], dtype=np.int64), per_tap)
+        starts = np.cumsum([0] + per_tap)[:-1]
+        within = np.arange(sum(per_tap), dtype=np.int64) - np.repeat(starts, per_tap).astype(np.int64)
+        ints = {k: np.repeat(np.array([getattr(t, k) for t in taps], dtype=np.int64), per_tap)
+                for k in ("M", "K", "N", "numel")}
+        out.append(pd.DataFrame({
+            "site": text([t.site for t in taps], per_tap), "role": text([t.role for t in taps], per_tap),
+            "stat": text(stats, counts), "idx": np.concatenate(idxs) if idxs else np.zeros(0, dtype=np.int64),
+            **ints, "pos": first + within}))
     return out[0], out[1]

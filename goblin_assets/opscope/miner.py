@@ -9,11 +9,27 @@ order  rule                                           finding         score
 =====  =============================================  ==============  ====================================
 1      density nnz/numel < 0.5                        sparse_gemm     1 − density
 2      outlier ratio max/mean of chan_maxabs > 6      int_quant       1 − 6/ratio
-3      histogram top-bin share > 0.25                 quantize_lut    top-bin share
-4      mean(adj_sumsq)/mean(pos_sumsq) < 0.5          delta_compute   1 − ratio
+3      top-bin share of the non-zero values > 0.25    quantize_lut    that share
+4      mean(adj_sumsq)/mean(pos_sumsq) < 0.5, and     delta_compute   1 − ratio
+       mean(adj_sumsq)/far_sumsq < 0.5 (when
+       recorded)
 5      CV of pos_sumsq across positions > 0.75        positional      cv / (1 + cv)
 6      otherwise                                      dense_not_observable  0
 =====  =============================================  ==============  ====================================
+
+Rule 3 removes the exact zeros from the histogram first (they all fall in
+bin 16, the one holding 0, and their share is ``1 − density``): a ReLU
+output's zero spike is sparsity, judged by rule 1, not a few quantisation
+levels (measured: post-ReLU digits activations at density 0.52 have a raw
+top-bin share of 0.57 and 0.17–0.18 without their zeros).  Rule 4 asks for
+row *order*: adjacent rows must also differ much less than rows half the
+tensor apart (``far_sumsq``).  Rows that are alike only because they share a
+per-channel offset (a shuffled batch early in training) give a low
+``adj/pos`` ratio but ``adj/far`` near 1 (measured on the digits MLP:
+adjacent pairs and randomly re-paired rows give the same ratio, and the
+mean-centred ratio is ~2, as for independent rows); delta compute needs
+adjacent rows to be alike, not all rows.  Rows recorded without
+``far_sumsq`` get the old rule and an ``adj_order_note`` in the evidence.
 
 A rule whose statistic was not recorded is skipped, and the evidence of the
 finding says which rules were skipped and why, so that a ``dense_not_observable``
@@ -36,6 +52,7 @@ import json
 import numpy as np
 import pandas as pd
 
+from goblin_assets.opscope.sketches import HIST_BINS
 from goblin_assets.warehouse.tables import columns
 
 #: nnz/numel below this: zero-skipping / sparse GEMM pays.  Source: harness threshold (issue 7);
@@ -50,6 +67,9 @@ INT8_ABS_OUTLIER = 6.0
 TOP_BIN_SHARE = 0.25
 #: adjacent-row energy ratio below this: rows change little, delta compute.  Source: harness (issue 7).
 ADJ_RATIO = 0.5
+#: adjacent-pair over far-pair difference energy below this: row order matters (delta compute).  Rows in no
+#: order give ~1 (measured 0.93-1.07 on the digits MLP's shuffled batches); chosen as ADJ_RATIO's twin.
+ADJ_ORDER = 0.5
 #: CV of per-position energy above this: sequence/positional structure.  Source: harness (issue 7).
 POS_CV = 0.75
 #: CV of l1 across steps below this: the tensor does not change.  Source: harness (issue 7).
@@ -103,8 +123,9 @@ def site_stats(g: pd.DataFrame) -> tuple[dict, list[str]]:
     Returns
     -------
     (dict, list)
-        ``density``, ``outlier_ratio``, ``top_bin_share``, ``adj_ratio``,
-        ``pos_cv`` (each averaged over steps; absent keys were not computable),
+        ``density``, ``outlier_ratio``, ``top_bin_share`` (non-zero values),
+        ``adj_ratio``, ``adj_far_ratio``, ``pos_cv`` (each averaged over steps;
+        absent keys were not computable),
         plus ``absmax``, ``mean``, ``kurtosis``, ``steps`` and the LLM.int8()
         outlier counts; and the list of skipped rules with the reason.
     """
@@ -145,21 +166,36 @@ def site_stats(g: pd.DataFrame) -> tuple[dict, list[str]]:
 
     hist = r.vec("hist")
     if hist:
-        ev["top_bin_share"] = float(np.mean([h.max() / h.sum() for h in hist.values() if h.sum() > 0] or [0.0]))
+        density = (nnz / numel) if len(nnz) and (numel > 0).all() else pd.Series(dtype=float)
+        shares = []
+        for step, h in hist.items():
+            h = h.astype(float)
+            if step in density.index and len(h) == HIST_BINS and h.sum() > 0:
+                h = h / h.sum()
+                h[HIST_BINS // 2] = max(h[HIST_BINS // 2] - (1.0 - float(density[step])), 0.0)  # the zeros' bin
+            if h.sum() > 0:
+                shares.append(h.max() / h.sum())
+        ev["top_bin_share"] = float(np.mean(shares or [0.0]))
     else:
         skipped.append("quantize_lut: hist not recorded")
 
-    pos, adj = r.vec("pos_sumsq"), r.vec("adj_sumsq")
+    pos, adj, far = r.vec("pos_sumsq"), r.vec("adj_sumsq"), r.scal("far_sumsq")
     if pos and adj:
-        ratios = []
+        ratios, order = [], []
         for step, p in pos.items():
             a = adj.get(step)
             if a is None or len(p) < 2 or p.mean() <= 0:
                 continue
             adj_mean = a[0] / (len(p) - 1) if (len(a) == 1 and len(p) > 2) else a.mean()
             ratios.append(adj_mean / p.mean())
+            if step in far.index and far[step] > 0:
+                order.append(adj_mean / far[step])
         if ratios:
             ev["adj_ratio"] = float(np.mean(ratios))
+            if order:
+                ev["adj_far_ratio"] = float(np.mean(order))
+            else:
+                ev["adj_order_note"] = "row order not checked: far_sumsq not recorded"
     if "adj_ratio" not in ev:
         skipped.append("delta_compute: adj_sumsq and pos_sumsq over >= 2 positions not recorded")
     if pos:
@@ -182,8 +218,8 @@ def classify(ev: dict) -> tuple[str, float]:
     t = ev.get("top_bin_share")
     if t is not None and t > TOP_BIN_SHARE:
         return "quantize_lut", t
-    a = ev.get("adj_ratio")
-    if a is not None and a < ADJ_RATIO:
+    a, o = ev.get("adj_ratio"), ev.get("adj_far_ratio")
+    if a is not None and a < ADJ_RATIO and (o is None or o < ADJ_ORDER):
         return "delta_compute", 1.0 - a
     c = ev.get("pos_cv")
     if c is not None and c > POS_CV:

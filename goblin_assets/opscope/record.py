@@ -9,6 +9,8 @@ import pandas as pd
 from goblin_assets.errors import RunFailed
 from goblin_assets.runners.base import Runner
 from goblin_assets.runners.workload import Workload
+from goblin_assets.warehouse.frames import text
+from goblin_assets.warehouse.tables import TEXT
 
 #: Column order of the tidy ``sketches`` table (DESIGN.md "Sketch rows").
 SKETCH_COLUMNS = ["run_id", "workload", "model", "step", "backend", "dist", "M", "K", "N", "numel",
@@ -36,9 +38,10 @@ def record_workload(workload: Workload, runner: Runner, steps: int = 3, warmup: 
     df = pd.DataFrame(rows)
     if df.empty:
         raise RunFailed(f"tensor_sketches: {workload.script}: no matmul ran in {steps} steps")
-    df["run_id"] = run_id or uuid.uuid4().hex[:12]
-    df["workload"] = workload.name
-    df["model"] = workload.model
-    df["backend"] = raw.result.get("device", "cpu")
-    df["dist"] = "workload"
+    consts = {"run_id": run_id or uuid.uuid4().hex[:12], "workload": workload.name, "model": workload.model,
+              "backend": raw.result.get("device", "cpu"), "dist": "workload"}
+    for col in ("site", "role", "stat"):
+        df[col] = df[col].astype(TEXT)
+    for col, v in consts.items():
+        df[col] = text(v, len(df))
     return df[SKETCH_COLUMNS]

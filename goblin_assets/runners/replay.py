@@ -22,10 +22,7 @@ from pydantic import ValidationError
 from goblin_assets.contracts import RunMetrics, RunProvenance
 from goblin_assets.errors import GoblinError
 from goblin_assets.runners.local import Mode, RawRun
-from goblin_assets.runners.workload import Workload
-
-#: File name of a recording inside a workload folder.
-RECORDING_NAME = "cached_metrics.json"
+from goblin_assets.runners.workload import RECORDING_NAME, Workload
 
 
 class ReplayError(GoblinError):
@@ -106,6 +103,35 @@ def metrics_from_raw(raw: RawRun) -> RunMetrics | None:
     return RunMetrics(ok=False, failure=raw.failure, workload=raw.result.get("workload", ""),
                       unit=raw.result.get("unit", "samples"),
                       provenance=RunProvenance(kind="replayed", source=raw.result.get("recording", "")))
+
+
+def not_observable(workload: Workload, runner, mode: Mode) -> str | None:
+    """Why ``runner`` cannot measure a ``mode`` run of ``workload``; None when it can.
+
+    A replay runner only replays the recorded profile run: a ``benchmark``
+    (original vs patched) or a ``sketch`` (tensors on the device) needs the
+    workload to run, so the stage is not observable.  Stages call this first
+    and report the reason instead of failing or inventing numbers.
+
+    Returns
+    -------
+    str or None
+        One sentence naming the recording and what it is (replayed or
+        modelled, on which device).
+    """
+    if getattr(runner, "kind", "") != "replay" or mode == "profile":
+        return None
+    rec = runner.recording_for(workload)
+    try:
+        prov = load_recording(rec).provenance
+        label = "modelled" if prov.kind == "modelled" else "replayed"
+        what = f"{label} ({'' if prov.kind == label else prov.kind + ' '}on {prov.device})"
+    except ReplayError:
+        what = "replayed"
+    need = {"benchmark": "timed runs of the original and the patched workload",
+            "sketch": "the workload's tensors on a device"}.get(mode, f"a {mode} run")
+    return (f"not observable: {workload.name} is {what} from {rec}; a {mode} needs {need}, "
+            f"and a replay runs nothing")
 
 
 def record_metrics(metrics: RunMetrics, folder: str | Path) -> Path:

@@ -12,10 +12,19 @@
   the number of non-padding tokens.
 * ``config``: the file ``training_config`` parses (default: ``entry``).
 * ``model``: a human-readable model name for reports.
+
+A folder without ``workload.yaml`` that holds ``cached_metrics.json`` is a
+*replay* workload (the synthetic corpus, ``workloads/synthetic/<scenario>``):
+nothing in it is run; its audit replays the recording (see
+:mod:`goblin_assets.runners.replay`).  Its ``expected_findings.yaml`` names the
+config file (``config:``) and ``environment.yaml``, when present, is the
+environment the recording belongs to (``env``, ``host``, ``packages``,
+``cores``), which rule detection reads instead of this machine's.
 """
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 from typing import Literal
 
@@ -24,6 +33,15 @@ from pydantic import BaseModel, ValidationError
 
 from goblin_assets import workloads_root
 from goblin_assets.errors import WorkloadError
+
+#: The file that makes a folder a runnable workload.
+SPEC_NAME = "workload.yaml"
+#: A recorded RunMetrics (JSON): a folder with one and no ``workload.yaml`` is a replay workload.
+RECORDING_NAME = "cached_metrics.json"
+#: The recorded environment of a replay workload.
+ENVIRONMENT_NAME = "environment.yaml"
+#: The replay scenario's expectations; its ``config`` key names the config file.
+EXPECTATIONS_NAME = "expected_findings.yaml"
 
 
 class Workload(BaseModel):
@@ -38,6 +56,8 @@ class Workload(BaseModel):
     mask_field: str | None = None
     config: str | None = None
     model: str = ""
+    recording: str | None = None
+    environment: str | None = None
 
     @property
     def script(self) -> Path:
@@ -50,6 +70,48 @@ class Workload(BaseModel):
     def script_hash(self) -> str:
         """sha256 of the entry script's bytes (for the benchmark cache key)."""
         return hashlib.sha256(self.script.read_bytes()).hexdigest()
+
+    @property
+    def replay(self) -> bool:
+        """True for a replay workload: ``recording`` is replayed, nothing is run."""
+        return self.recording is not None
+
+    def recorded_environment(self) -> dict | None:
+        """The recorded ``environment.yaml`` (``env``, ``host``, ``packages``, ``cores``), or None.
+
+        Raises
+        ------
+        WorkloadError
+            The file is not a YAML mapping (names the file).
+        """
+        if not self.environment:
+            return None
+        return _read_mapping(self.root / self.environment)
+
+
+def _read_mapping(path: Path) -> dict:
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise WorkloadError(f"{path}: invalid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise WorkloadError(f"{path}: expected a mapping at the top level")
+    return raw
+
+
+def _replay_workload(p: Path) -> Workload:
+    """A folder with ``cached_metrics.json`` and no ``workload.yaml``: replayed, never run."""
+    spec = p / EXPECTATIONS_NAME
+    config = _read_mapping(spec).get("config") if spec.is_file() else None
+    if not config or not (p / config).is_file():
+        raise WorkloadError(f"{spec}: field 'config': a replay folder names its config file here "
+                            f"({'missing' if not config else f'{config} not found'})")
+    try:
+        unit = json.loads((p / RECORDING_NAME).read_text(encoding="utf-8")).get("unit", "samples")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as exc:
+        raise WorkloadError(f"{p / RECORDING_NAME}: not a RunMetrics JSON object ({exc})") from None
+    return Workload(name=p.resolve().name, root=p.resolve(), entry=config, unit=unit, recording=RECORDING_NAME,
+                    environment=ENVIRONMENT_NAME if (p / ENVIRONMENT_NAME).is_file() else None)
 
 
 def load_workload(path: str | Path) -> Workload:
@@ -68,15 +130,13 @@ def load_workload(path: str | Path) -> Workload:
         if p.suffix != ".py":
             raise WorkloadError(f"{p}: a workload is a folder with workload.yaml, or a .py script")
         return Workload(name=p.stem, root=p.parent.resolve(), entry=p.name)
-    spec_file = p / "workload.yaml"
+    spec_file = p / SPEC_NAME
     if not spec_file.is_file():
-        raise WorkloadError(f"{spec_file}: missing (a workload folder needs workload.yaml naming its entry script)")
-    try:
-        raw = yaml.safe_load(spec_file.read_text(encoding="utf-8")) or {}
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise WorkloadError(f"{spec_file}: invalid YAML: {exc}") from None
-    if not isinstance(raw, dict):
-        raise WorkloadError(f"{spec_file}: expected a mapping at the top level")
+        if (p / RECORDING_NAME).is_file():
+            return _replay_workload(p)
+        raise WorkloadError(f"{spec_file}: missing (a workload folder needs workload.yaml naming its entry script, "
+                            f"or {RECORDING_NAME} to replay)")
+    raw = _read_mapping(spec_file)
     raw.setdefault("name", p.resolve().name)
     try:
         wl = Workload(root=p.resolve(), **raw)
@@ -90,6 +150,13 @@ def load_workload(path: str | Path) -> Workload:
 
 
 def list_workloads(root: Path | None = None) -> list[Path]:
-    """Folders under the workloads root (``$GOBLIN_WORKLOADS`` or ``workloads/``) with a ``workload.yaml``."""
+    """Workload folders under the workloads root (``$GOBLIN_WORKLOADS`` or ``workloads/``), at any depth.
+
+    Runnable folders (with ``workload.yaml``) and replay folders (with
+    ``cached_metrics.json`` and no ``workload.yaml``, e.g. every
+    ``synthetic/<scenario>``); a folder inside another workload folder is not
+    one.
+    """
     base = root or workloads_root()
-    return sorted(p.parent for p in base.glob("*/workload.yaml"))
+    found = {p.parent for name in (SPEC_NAME, RECORDING_NAME) for p in base.rglob(name)}
+    return sorted(f for f in found if not any(a in found for a in f.parents))

@@ -13,7 +13,7 @@ import pyarrow as pa
 
 from goblin_assets import warehouse_path
 from goblin_assets.errors import WarehouseError
-from goblin_assets.warehouse.tables import TABLES, columns, ddl, schema
+from goblin_assets.warehouse.tables import TABLES, columns, ddl, dtypes, schema
 
 
 #: How long to wait for another process's write lock on the DuckDB file (seconds).
@@ -67,6 +67,13 @@ def ensure_tables(con: duckdb.DuckDBPyConnection) -> None:
 def validate(table: str, df: pd.DataFrame) -> pd.DataFrame:
     """Validate ``df`` against ``table``'s pandera schema; return the coerced frame.
 
+    The checks are the whole schema (column set and order, dtypes,
+    nullability, value checks), collected lazily so that the error lists every
+    failing column.  Only columns whose dtype differs from the table's
+    (:func:`goblin_assets.warehouse.tables.dtypes`) are coerced, and the frame
+    is not copied: the result shares the unchanged columns with ``df``, which
+    is left as it was.
+
     Raises
     ------
     WarehouseError
@@ -75,8 +82,11 @@ def validate(table: str, df: pd.DataFrame) -> pd.DataFrame:
     """
     if table not in TABLES:
         raise WarehouseError(f"unknown warehouse table {table!r}")
+    have = df.dtypes.to_dict()
+    need = frozenset(c for c, dt in dtypes(table).items() if have.get(c) != dt)
     try:
-        return schema(table).validate(df, lazy=True)
+        # a shallow copy validated in place: pandera replaces coerced columns in the copy, never in ``df``
+        return schema(table, need).validate(df.copy(deep=False), lazy=True, inplace=True)
     except pandera.errors.SchemaErrors as exc:
         fc = exc.failure_cases.head(3).to_dict("records")
         raise WarehouseError(f"table {table}: frame failed its schema: {fc}") from None
@@ -106,7 +116,7 @@ def write_frames(con: duckdb.DuckDBPyConnection, frames: dict[str, pd.DataFrame]
             if df.empty:
                 counts[t] = 0
                 continue
-            arrow = pa.Table.from_pandas(df[columns(t)], preserve_index=False)
+            arrow = pa.Table.from_pandas(df, preserve_index=False)   # validated: the table's columns, in order
             con.register("_goblin_ingest", arrow)
             cols = ", ".join(f'"{c}"' for c in columns(t))
             con.execute(f'INSERT INTO "{t}" ({cols}) SELECT {cols} FROM _goblin_ingest')

@@ -2,13 +2,47 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from datetime import datetime
 
+import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from goblin_assets.redact import redact
 from goblin_assets.contracts import BenchmarkResult, RuleMatch, RunMetrics
 from goblin_assets.warehouse.tables import columns
+
+
+def text(values: str | None | Sequence[str | None], repeat: int | Sequence[int] = 1) -> pd.arrays.ArrowExtensionArray:
+    """Strings in the warehouse's text dtype (:data:`goblin_assets.warehouse.tables.TEXT`), built by Arrow.
+
+    ``text("run-1", n)`` is ``n`` copies of one string; ``text(["a", "b"],
+    [2, 3])`` repeats each value its count of times, in order (as
+    ``np.repeat``); ``None`` gives nulls.  Writers of large frames use it for
+    their text columns so that validation has no per-cell work to do (a
+    column of Python ``str`` objects is converted cell by cell).
+
+    Shapes
+    ------
+    ``values``: one string or ``(V,)``; ``repeat``: one count or ``(V,)``.
+    Returns an Arrow-backed array of ``sum(repeat)`` strings.
+
+    Raises
+    ------
+    ValueError
+        ``values`` and ``repeat`` differ in length, or a count is negative.
+    """
+    if values is None or isinstance(values, str):
+        values = [values]
+    values = list(values)
+    counts = np.asarray(repeat, dtype=np.int64)
+    if counts.ndim == 0:
+        counts = np.full(len(values), counts)
+    if counts.shape != (len(values),) or (counts < 0).any():
+        raise ValueError(f"text: {len(values)} values need as many non-negative counts, got {counts.tolist()[:8]}")
+    parts = [pa.repeat(pa.scalar(v, pa.string()), int(k)) for v, k in zip(values, counts)]
+    return pd.arrays.ArrowExtensionArray(pa.concat_arrays(parts) if parts else pa.array([], pa.string()))
 
 
 def _frame(table: str, rows: list[dict]) -> pd.DataFrame:

@@ -3,19 +3,36 @@
 Each table is a list of ``(column, duckdb_type, nullable)``; :func:`schema`
 builds the pandera ``DataFrameSchema`` every frame is validated against before
 it is written, and :func:`ddl` the ``CREATE TABLE`` statement.
+
+Text columns are Arrow strings (:data:`TEXT`), not Python ``str`` objects:
+pandera checks an object column's type element by element (one Python call
+per cell, ~0.13 of DuckDB's raw Arrow ingest rate on tidy sketch rows), while
+an Arrow string column is checked by its dtype, checked with Arrow kernels
+(``isin``, ``isna``) and handed to DuckDB without conversion (measured with
+``benchmarks/ingest_rate.py``).  Writers that build large frames emit
+:data:`TEXT` columns directly (:func:`goblin_assets.warehouse.frames.text`);
+small frames of Python strings are coerced by the schema.
 """
 from __future__ import annotations
 
-import pandera.pandas as pa
+import functools
 
-#: DuckDB type -> pandera dtype
+import numpy as np
+import pandas as pd
+import pandera.pandas as pa
+import pyarrow
+
+#: pandas dtype of every VARCHAR column: Arrow-backed strings (nulls allowed where the column is nullable).
+TEXT = pd.ArrowDtype(pyarrow.string())
+
+#: DuckDB type -> pandas dtype of the validated frame
 _PA_TYPES = {
-    "VARCHAR": str,
-    "DOUBLE": float,
-    "BIGINT": "int64",
-    "INTEGER": "int64",
-    "BOOLEAN": bool,
-    "TIMESTAMP": "datetime64[ns]",
+    "VARCHAR": TEXT,
+    "DOUBLE": np.dtype("float64"),
+    "BIGINT": np.dtype("int64"),
+    "INTEGER": np.dtype("int64"),
+    "BOOLEAN": np.dtype("bool"),
+    "TIMESTAMP": np.dtype("datetime64[ns]"),
 }
 
 TABLES: dict[str, list[tuple[str, str, bool]]] = {
@@ -89,13 +106,42 @@ _CHECKS: dict[tuple[str, str], list[pa.Check]] = {
 }
 
 
-def schema(table: str) -> pa.DataFrameSchema:
-    """The pandera schema of ``table`` (strict: no missing or extra columns)."""
+def schema(table: str, coerce: frozenset[str] | None = None) -> pa.DataFrameSchema:
+    """The pandera schema of ``table`` (strict and ordered: no missing, extra or reordered columns).
+
+    ``coerce``: the columns converted to their dtype (:func:`dtypes`) before
+    they are checked; ``None`` (default) coerces every column.  A column that
+    already has its dtype needs no coercion (pandera's would only copy it):
+    :func:`goblin_assets.warehouse.db.validate` passes the others only.
+    Schemas are built once per ``(table, coerce)`` and shared: do not mutate one.
+
+    Raises
+    ------
+    KeyError
+        Unknown table.
+    """
+    return _schema(table, frozenset(columns(table)) if coerce is None else frozenset(coerce))
+
+
+@functools.lru_cache(maxsize=256)
+def _schema(table: str, coerce: frozenset[str]) -> pa.DataFrameSchema:
     cols = {
-        name: pa.Column(_PA_TYPES[typ], nullable=nullable, checks=_CHECKS.get((table, name), []), coerce=True)
+        name: pa.Column(_PA_TYPES[typ], nullable=nullable, checks=_CHECKS.get((table, name), []),
+                        coerce=name in coerce)
         for name, typ, nullable in TABLES[table]
     }
     return pa.DataFrameSchema(cols, strict=True, ordered=True, name=table)
+
+
+def dtypes(table: str) -> dict[str, object]:
+    """Column -> the pandas dtype it has after validation (:data:`TEXT` for VARCHAR).
+
+    Raises
+    ------
+    KeyError
+        Unknown table.
+    """
+    return {name: _PA_TYPES[typ] for name, typ, _ in TABLES[table]}
 
 
 def ddl(table: str) -> str:
@@ -105,6 +151,7 @@ def ddl(table: str) -> str:
 
 
 def columns(table: str) -> list[str]:
+    """Column names of ``table`` in DDL order (``KeyError`` for an unknown table)."""
     return [c for c, _, _ in TABLES[table]]
 
 
