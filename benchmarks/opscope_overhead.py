@@ -26,7 +26,11 @@ alternating within each repeat so that machine drift hits every arm alike:
 
 Ratios are against ``plain`` (the exported graph; ``eager`` is shown beside),
 from the best of the repeats (the least disturbed by other processes on a
-shared machine; medians are printed too).
+shared machine; medians are printed too).  Each arm is also timed in process
+CPU seconds (``time.process_time``): on a shared machine a busy neighbour
+stretches wall time but not the CPU time this process spends, so with
+``--threads 1`` the CPU-time ratio is the steadier estimate (with more
+threads it also counts OpenMP workers spinning, so read the wall ratio).
 Reference numbers from planning (``../shared/measured_facts.md``): hooks
 3.55x, HistogramObserver 2.24x, the one-read limit about 1.09x.  Source:
 measured.
@@ -61,8 +65,10 @@ def measure_overhead(batch: int = 32, seq_len: int = 128, repeats: int = 3, ever
         ``best_s`` and ``median_s`` (arm -> s per forward or recorded step),
         ``ratio_vs_plain`` (from the best times), ``ratio_vs_plain_median``,
         ``ratio_vs_eager``, ``sampled_best_ratio`` and ``sampled_total_ratio``,
-        ``sites``, ``rows_per_step``, ``threads``; with ``compile_graph`` also
-        ``compile_s``.  Units: seconds.  Source: measured.
+        ``sites``, ``rows_per_step``, ``threads``; ``cpu_best_s`` and
+        ``cpu_ratio_vs_plain`` (process CPU seconds, best of the repeats);
+        with ``compile_graph`` also ``compile_s``.  Units: seconds.  Source:
+        measured.
     """
     tok, model = load_minilm("eager")
     b = minilm_batches(tok, batch, seq_len, 1)[0]
@@ -101,6 +107,7 @@ def measure_overhead(batch: int = 32, seq_len: int = 128, repeats: int = 3, ever
         "histogram_observer": None,
     }
     times: dict[str, list[float]] = {k: [] for k in arms}
+    cpu: dict[str, list[float]] = {k: [] for k in arms}
     order = list(arms)
     with torch.no_grad():
         for arm in ("eager", "plain", "injected"):       # warm-up
@@ -112,9 +119,10 @@ def measure_overhead(batch: int = 32, seq_len: int = 128, repeats: int = 3, ever
                     handles, fn = _hooked(model, per_op_to_host), arms["eager"]
                 elif arm == "histogram_observer":
                     handles, fn = _hooked(model, per_op_observer), arms["eager"]
-                t = time.perf_counter()
+                t, c = time.perf_counter(), time.process_time()
                 fn()
                 times[arm].append(time.perf_counter() - t)
+                cpu[arm].append(time.process_time() - c)
                 for h in handles:
                     h.remove()
                 sink.clear()
@@ -153,6 +161,8 @@ def measure_overhead(batch: int = 32, seq_len: int = 128, repeats: int = 3, ever
         "ratio_vs_plain": {k: v / best["plain"] for k, v in best.items()},
         "ratio_vs_plain_median": {k: v / med["plain"] for k, v in med.items()},
         "ratio_vs_eager": {k: v / best["eager"] for k, v in best.items()},
+        "cpu_best_s": {k: min(v) for k, v in cpu.items()},
+        "cpu_ratio_vs_plain": {k: min(v) / min(cpu["plain"]) for k, v in cpu.items()},
     })
     return out
 
@@ -176,8 +186,10 @@ def main() -> int:
     print(f"\nMiniLM batch {r['batch']} x seq {r['seq_len']}, CPU, {r['threads']} threads, {r['sites']} sites "
           f"({r['sites_linear']} linear); best and median of {r['repeats']} (ratios from the best: this machine is shared)")
     for k, v in r["best_s"].items():
+        cpu = (f"   cpu {r['cpu_best_s'][k]:7.3f} s {r['cpu_ratio_vs_plain'][k]:5.2f}x plain"
+               if k in r["cpu_best_s"] else "")
         print(f"  {k:20s} best {v:7.3f} s  median {r['median_s'][k]:7.3f} s   {r['ratio_vs_plain'][k]:5.2f}x plain "
-              f"(median {r['ratio_vs_plain_median'][k]:5.2f}x)   {r['ratio_vs_eager'][k]:5.2f}x eager")
+              f"(median {r['ratio_vs_plain_median'][k]:5.2f}x)   {r['ratio_vs_eager'][k]:5.2f}x eager{cpu}")
     print(f"  sampled recorder, every {r['every']}: {r['sampled_best_ratio']:.3f}x plain from the best recorded, "
           f"unrecorded and plain step times; {r['sampled_total_ratio']:.3f}x from the totals of {2 * r['every']} steps")
     if "compile_s" in r:

@@ -57,3 +57,72 @@ def test_schema_and_ddl_agree():
 def test_query_error_is_typed(goblin_home):
     with pytest.raises(WarehouseError, match="query failed"):
         query("SELECT * FROM no_such_table")
+
+
+def _sketch_rows(n=6):
+    """Tidy sketch rows as the drivers hand them over: text columns are Arrow strings."""
+    import numpy as np
+
+    from goblin_assets.warehouse.frames import text
+
+    df = pd.DataFrame({"step": np.arange(n) // 3, "M": 4, "K": 8, "N": 2, "numel": 32, "idx": np.arange(n) % 3,
+                       "value": np.linspace(-1, 1, n)})
+    for c, v in (("run_id", "r1"), ("workload", "w"), ("model", "m"), ("backend", "cpu"), ("dist", "d"),
+                 ("site", "linear_0"), ("stat", "hist")):
+        df[c] = text(v, n)
+    df["role"] = text(["lhs", "rhs", "out"], n // 3)
+    return df[columns("sketches")]
+
+
+def test_arrow_string_rows_validate_without_copying_and_python_strings_are_converted():
+    import numpy as np
+
+    from goblin_assets.warehouse.tables import TEXT, dtypes
+
+    df = _sketch_rows()
+    out = validate("sketches", df)
+    assert out.dtypes.to_dict() == dtypes("sketches")
+    assert out["site"].array is df["site"].array                   # nothing converted or copied
+    assert np.shares_memory(out["value"].to_numpy(), df["value"].to_numpy())
+    legacy = df.astype({c: object for c, t in dtypes("sketches").items() if t == TEXT})
+    got = validate("sketches", legacy)
+    assert got.dtypes.to_dict() == dtypes("sketches")
+    assert legacy["site"].dtype == object                          # the caller's frame is left as it was
+    pd.testing.assert_frame_equal(got, out)
+
+
+@pytest.mark.parametrize("breakage", ["bad_role", "null_text", "negative_numel", "text_in_double", "extra_column",
+                                      "missing_column", "reordered"])
+def test_arrow_string_rows_are_still_checked(breakage):
+    import pyarrow as pa
+
+    df = _sketch_rows()
+    if breakage == "bad_role":
+        df["role"] = pd.arrays.ArrowExtensionArray(pa.array(["lhs", "rhs", "bogus"] * 2))
+    elif breakage == "null_text":
+        df["site"] = pd.arrays.ArrowExtensionArray(pa.array(["a", None] * 3, pa.string()))
+    elif breakage == "negative_numel":
+        df["numel"] = -1
+    elif breakage == "text_in_double":
+        df["value"] = pd.arrays.ArrowExtensionArray(pa.array(["x"] * 6))
+    elif breakage == "extra_column":
+        df["extra"] = 1
+    elif breakage == "missing_column":
+        df = df.drop(columns="idx")
+    else:
+        df = df[list(reversed(df.columns))]
+    with pytest.raises(WarehouseError, match="sketches"):
+        validate("sketches", df)
+
+
+def test_text_builds_arrow_strings():
+    from goblin_assets.warehouse.frames import text
+    from goblin_assets.warehouse.tables import TEXT
+
+    assert list(text("a", 3)) == ["a", "a", "a"] and text("a", 3).dtype == TEXT
+    assert list(text(["x", None], [1, 2]).isna()) == [False, True, True]
+    assert len(text([], [])) == 0
+    with pytest.raises(ValueError, match="counts"):
+        text(["a"], [1, 2])
+    with pytest.raises(ValueError, match="counts"):
+        text(["a"], [-1])
