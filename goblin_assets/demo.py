@@ -41,12 +41,17 @@ def _ancestors(graph, key) -> set:
     return seen
 
 
+def default_workloads() -> list[str]:
+    """The runnable workload partitions; a replay of the synthetic corpus is audited only when named."""
+    return [n for n in workload_names() if not load_workload(workloads_root() / n).replay]
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Audit the named workloads (default: every runnable one) through Dagster; 0 on success, 1 on a failed run."""
     console = Console()
     args = list(argv if argv is not None else sys.argv[1:])
     lab = "--all" in args  # also the opscope lab: recording drivers and miners (several more minutes)
-    names = [a for a in args if not a.startswith("--")] or [
-        n for n in workload_names() if not load_workload(workloads_root() / n).replay]
+    names = [a for a in args if not a.startswith("--")] or default_workloads()
     instance = dg.DagsterInstance.get() if os.environ.get("DAGSTER_HOME") else dg.DagsterInstance.ephemeral()
     known = set(instance.get_dynamic_partitions(workloads_partitions.name))
     instance.add_dynamic_partitions(workloads_partitions.name, [n for n in names if n not in known])

@@ -135,3 +135,41 @@ def test_metrics_from_a_measured_run_is_none(tmp_path):
     from goblin_assets.runners.local import RawRun
 
     assert metrics_from_raw(RawRun(ok=True, run_dir=tmp_path, mode="profile", result={"per_step": []})) is None
+
+
+def test_a_replay_folder_is_replayed_whatever_the_runner():
+    """A scenario of the synthetic corpus (cached_metrics.json, no workload.yaml) never runs its config file."""
+    from goblin_assets.audit.pipeline import profile
+    from goblin_assets.runners.base import runner_for
+    from tests.conftest import WORKLOADS
+
+    wl = load_workload(WORKLOADS / "synthetic" / "fp32_on_mi300x")
+    assert wl.replay and wl.entry == "config.yml" and wl.unit == "tokens"
+    r = runner_for(wl, LocalRunner(device="cpu", timeout_s=7))
+    assert isinstance(r, ReplayRunner) and r.recording == wl.root / RECORDING_NAME and r.timeout_s == 7
+    local = LocalRunner()
+    assert runner_for(load_workload(WORKLOADS / "digits_mlp"), local) is local
+    lines = []
+    m = profile(wl, LocalRunner(), steps=10, log=lines.append)
+    assert m.provenance.kind == "modelled" and m.step_time_s == 14.7
+    assert lines[0].startswith("profile: fp32_on_mi300x") and "(replay runner)" in lines[0]
+    assert "done in" in lines[1] and "(modelled)" in lines[1]
+
+
+def test_a_folder_with_neither_file_names_both(tmp_path):
+    from goblin_assets.errors import WorkloadError
+
+    with pytest.raises(WorkloadError, match="workload.yaml: missing .*or cached_metrics.json to replay"):
+        load_workload(tmp_path)
+    (tmp_path / RECORDING_NAME).write_text("{}")
+    with pytest.raises(WorkloadError, match="expected_findings.yaml: field 'config'"):
+        load_workload(tmp_path)
+
+
+def test_a_workload_pickled_before_the_replay_fields_still_loads(workload):
+    """Dagster keeps materialized Workloads pickled: an older one, re-read by a re-run stage, is a runnable one."""
+    state = workload.__getstate__()
+    old = {k: v for k, v in state["__dict__"].items() if k not in ("recording", "environment")}
+    wl = type(workload).__new__(type(workload))
+    wl.__setstate__({**state, "__dict__": old})
+    assert wl == workload and not wl.replay and wl.recorded_environment() is None

@@ -28,9 +28,8 @@ from goblin_assets.audit.retrieval import retrieval_scores, run_symptoms
 from goblin_assets.audit.report import AuditReport, compare_runs, render_markdown, write_report
 from goblin_assets.contracts import BenchmarkResult, ConfigDict, Patch, RuleMatch, RunMetrics
 from goblin_assets.errors import RunFailed
-from goblin_assets.opscope.miner import mine_patterns
 from goblin_assets.opscope.record import record_workload
-from goblin_assets.runners.base import Runner, make_runner
+from goblin_assets.runners.base import Runner, make_runner, runner_for
 from goblin_assets.runners.workload import Workload
 from goblin_assets.warehouse import frames as F
 
@@ -55,9 +54,11 @@ def profile(workload: Workload, runner: Runner, steps: int, p: Patch | None = No
     """Stage 2: a profiled run of the workload (or of its patched copy ``p``).
 
     ``log`` (optional) gets one line when the run starts and one when it ends.
+    A replay workload is replayed whatever ``runner`` is (:func:`runner_for`).
     Raises RunFailed (naming the script and the reason) when the run fails.
     """
     log = log or (lambda _: None)
+    runner = runner_for(workload, runner)
     log(f"{label or 'profile'}: {workload.name}, {warmup} warm-up + {steps} profiled steps ({runner.kind} runner)")
     t0 = time.perf_counter()
     m = profile_run(workload, runner, steps=steps, warmup=warmup, label=label,
@@ -196,6 +197,8 @@ def run_audit(workload: Workload, runner: Runner | None = None, steps: int = 10,
         f"{before.waste_budget['data_wait'].seconds * 1e3:.1f} ms")
     log("[4/8] tensor_sketches: tapping forward matmuls on the device")
     sketches = record_workload(workload, runner, steps=sketch_steps, run_id=f"{audit_id}-sketch")
+    from goblin_assets.opscope.miner import mine_patterns  # torch: imported when an audit runs
+
     patterns = mine_patterns(sketches)
     log(f"[5/8] kb_matches: {len(kb.rules)} rules checked")
     matches = kb_matches(config, before, kb)

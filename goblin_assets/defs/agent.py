@@ -3,8 +3,8 @@
 import dagster as dg
 
 from goblin_assets.agent import AuditSession, FinalReport, make_backend, run_agent, transcript_markdown
+from goblin_assets.audit.corpus import ReplayReport
 from goblin_assets.audit.kb import KnowledgeBase
-from goblin_assets.audit.report import AuditReport
 from goblin_assets.contracts import BenchmarkResult, ConfigDict, Patch, RuleMatch, RunMetrics
 from goblin_assets.defs.partitions import workloads_partitions
 from goblin_assets.defs.resources import RunnerResource
@@ -18,15 +18,27 @@ class ConversationConfig(dg.Config):
 
 
 @dg.asset(group_name="reports", partitions_def=workloads_partitions, kinds={"python"})
-def audit_conversation(context: dg.AssetExecutionContext, config: ConversationConfig, audit_report: AuditReport,
-                       training_config: ConfigDict, profile_run: RunMetrics, kb_matches: list[RuleMatch],
-                       patch: Patch, benchmark_baseline: BenchmarkResult, benchmark_patched: tuple,
+def audit_conversation(context: dg.AssetExecutionContext, config: ConversationConfig,
+                       audit_report, training_config: ConfigDict,
+                       profile_run: RunMetrics, kb_matches: list[RuleMatch], patch: Patch,
+                       benchmark_baseline: BenchmarkResult | None, benchmark_patched: tuple | None,
                        workload_source: Workload, kb_rules: KnowledgeBase,
                        runner: RunnerResource) -> dg.MaterializeResult:
     """The audit agent (offline planner, or the model at $GOBLIN_LLM_BASE_URL) asked about this audit; its transcript.
 
     The session is seeded with this partition's materialized stages, so only a what-if question runs anything.
+    ``audit_report`` is an ``AuditReport``, or a ``ReplayReport`` for a replay workload (the synthetic
+    corpus; left unannotated because Dagster types take no unions): a replay has no measured benchmark
+    to talk about, so the asset says so and runs no agent.
     """
+    if isinstance(audit_report, ReplayReport) or benchmark_baseline is None or benchmark_patched is None:
+        why = (f"{workload_source.name} is a {audit_report.provenance} recording "
+               f"({getattr(audit_report, 'source', '') or 'no source'}): nothing was measured, so there is no "
+               "benchmark for the agent to discuss")
+        context.log.info(f"audit_conversation skipped: {why}")
+        return dg.MaterializeResult(metadata={"transcript": dg.MetadataValue.md(f"_Not run_: {why}."),
+                                              "backend": "none", "tool_calls": 0, "capped": False,
+                                              "model_error": ""})
     bench_p, after = benchmark_patched
     session = AuditSession.start(
         workload_source, runner.get_runner(), kb=kb_rules, steps=runner.profiled_steps, bench_steps=runner.bench_steps,

@@ -15,12 +15,11 @@ from goblin_assets.audit import retrieval
 from goblin_assets.audit.corpus import replay_report
 from goblin_assets.redact import redact
 from goblin_assets.audit.kb import KnowledgeBase, load_kb
-from goblin_assets.audit.report import AuditReport, compare_runs, render_markdown, write_report
+from goblin_assets.audit.report import compare_runs, render_markdown, write_report
 from goblin_assets.contracts import BenchmarkResult, ConfigDict, Patch, RuleMatch, RunMetrics
 from goblin_assets.defs.automation import REAUDIT, rocm_image
 from goblin_assets.defs.partitions import workloads_partitions
 from goblin_assets.defs.resources import RunnerResource
-from goblin_assets.opscope.miner import mine_patterns
 from goblin_assets.opscope.record import record_workload
 from goblin_assets.runners.replay import not_observable
 from goblin_assets.runners.workload import Workload, load_workload
@@ -73,8 +72,8 @@ def workload_source(context: dg.AssetExecutionContext) -> Workload:
     wl = load_workload(workloads_root() / context.partition_key)
     context.add_output_metadata({"entry": dg.MetadataValue.path(str(wl.script)), "unit": wl.unit,
                                  "script_sha256": wl.script_hash(), "runs_as": "replay" if wl.replay else "script",
-                                 "recording": dg.MetadataValue.path(str(wl.root / (wl.recording or "")))
-                                 if wl.replay else "none"})
+                                 "recording": dg.MetadataValue.path(str(wl.root / wl.recording)) if wl.recording
+                                 else "none"})
     return wl
 
 
@@ -120,7 +119,7 @@ def waste_budget(context: dg.AssetExecutionContext, profile_run: RunMetrics, duc
 @dg.asset(group_name="sketches", pool=POOL, deps=[profile_run], dagster_type=table_type("sketches"), **_AUTO, **_KW)
 def tensor_sketches(context: dg.AssetExecutionContext, workload_source: Workload, runner: RunnerResource,
                     duckdb: DuckDBResource) -> pd.DataFrame:
-    """Sketches (min/max/mean/l1/sumsq/nnz) of every forward matmul's lhs, rhs and out, tapped on the device (none, with the reason, for a replay)."""
+    """The full sketch set (opscope/sketches.py: scalars, 32-bin histogram, per-channel and per-row vectors, sampled elements) of every forward matmul's lhs, rhs and out, tapped on the device (none, with the reason, for a replay)."""
     r = runner.get_runner(workload_source)
     if reason := not_observable(workload_source, r, "sketch"):
         context.log.warning(f"tensor_sketches: {reason}")
@@ -129,8 +128,8 @@ def tensor_sketches(context: dg.AssetExecutionContext, workload_source: Workload
         context.log.info(f"tensor_sketches: tapping forward matmuls for {runner.sketch_steps} steps")
         df = record_workload(workload_source, r, steps=runner.sketch_steps, run_id=f"{_audit_id(context)}-sketch")
         context.log.info(f"tensor_sketches: {len(df)} rows from {df['site'].nunique()} sites")
-    context.add_output_metadata({**_write(duckdb, {"sketches": df}), "status": "not_observable" if reason else "measured",
-                                 "reason": reason or "",
+    context.add_output_metadata({**_write(duckdb, {"sketches": df}),
+                                 "status": "not_observable" if reason else "measured", "reason": reason or "",
                                  "sites": dg.MetadataValue.json(sorted(df["site"].unique().tolist()))})
     return df
 
@@ -139,6 +138,8 @@ def tensor_sketches(context: dg.AssetExecutionContext, workload_source: Workload
 def mined_patterns(context: dg.AssetExecutionContext, tensor_sketches: pd.DataFrame,
                    duckdb: DuckDBResource) -> pd.DataFrame:
     """Findings per site and role: sparse GEMM candidates, stationary vs drifting tensors."""
+    from goblin_assets.opscope.miner import mine_patterns  # torch: imported when it runs, not at load
+
     df = mine_patterns(tensor_sketches)
     meta = _write(duckdb, {"patterns": df})
     context.add_output_metadata({**meta, "findings": dg.MetadataValue.md(
@@ -174,7 +175,7 @@ def kb_matches(context: dg.AssetExecutionContext, training_config: ConfigDict, p
                kb_rules: KnowledgeBase, workload_source: Workload, duckdb: DuckDBResource) -> list[RuleMatch]:
     """Every rule's detect conditions checked on this workload's config and waste budget (in a replay's recorded environment)."""
     matches = stages.kb_matches(training_config, profile_run, kb_rules, workload_source.recorded_environment())
-    meta = _write(duckdb, {"kb_matches": F.kb_frame(matches, _audit_id(context), context.partition_key)})
+    meta = _write(duckdb, {"kb_matches": F.kb_frame(matches, _audit_id(context), workload_source.name)})
     top = sorted((m for m in matches if m.retrieval_score is not None), key=lambda m: -m.retrieval_score)[:5]
     context.add_output_metadata({**meta, "fired": dg.MetadataValue.json([m.rule_id for m in matches if m.fired]),
                                  "retrieval_top5": dg.MetadataValue.md("| rule | retrieval | detect | fired |\n|---|---|---|---|\n" + "\n".join(
@@ -228,7 +229,7 @@ def benchmarks(context: dg.AssetExecutionContext, workload_source: Workload, tra
                            warmup=runner.warmup_steps, log=context.log.info)
     aid = _audit_id(context)
     meta = _write(duckdb, {
-        "benchmarks": F.bench_frame(bench, aid, context.partition_key),
+        "benchmarks": F.bench_frame(bench, aid, workload_source.name),
         "runs": F.runs_frame(after, f"{aid}-patched", "patched", aid),
         "waste_budget": F.waste_frame(after, f"{aid}-patched", "patched"),
         "kernels": F.kernels_frame(after, f"{aid}-patched"),

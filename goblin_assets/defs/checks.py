@@ -74,7 +74,7 @@ def validate_rows(table: str, df: pd.DataFrame, expected_rows: int | None = None
 
 
 def table_check(asset: str, table: str, what: str) -> dg.AssetChecksDefinition:
-    """A blocking check that ``asset``'s rows in ``table`` for this partition landed whole and valid (:func:`read_back`)."""
+    """A blocking check that ``asset``'s ``table`` rows for this partition landed whole and valid (:func:`read_back`)."""
     @dg.asset_check(name=f"{table}_schema", asset=asset, blocking=True, partitions_def=workloads_partitions,
                     pool=POOL, description=f"The `{table}` rows this partition wrote ({what}) are all in the "
                                            f"warehouse and match its pandera schema.")

@@ -127,7 +127,12 @@ def actuation_plan(context: dg.AssetExecutionContext, duckdb: DuckDBResource) ->
     if sk.empty:
         pl = pd.DataFrame(columns=[c for c, _, _ in TABLES["plan"]])
     else:
-        pl = plan(mine_patterns(sk), sk)
+        found = mine_patterns(sk)
+        context.log.info(f"actuation_plan: {len(found)} findings over {found['site'].nunique()} sites of run "
+                         f"{sk['run_id'].iat[0]}; guards and A/B micro-benchmarks next")
+        pl = plan(found, sk)
+        context.log.info(f"actuation_plan: {len(pl)} sites planned, {int(pl['measured_speedup'].notna().sum())} "
+                         f"measured")
     return _result(duckdb, {"plan": pl}, plan_findings(pl) if not pl.empty else pl,
                    "(no matmul sketches recorded yet)")
 

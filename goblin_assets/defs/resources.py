@@ -6,7 +6,7 @@ import dagster as dg
 from dagster_duckdb import DuckDBResource
 
 from goblin_assets import warehouse_path
-from goblin_assets.runners.base import Runner, make_runner
+from goblin_assets.runners.base import Runner, make_runner, runner_for
 from goblin_assets.runners.workload import Workload
 
 
@@ -36,10 +36,8 @@ class RunnerResource(dg.ConfigurableResource):
 
     def get_runner(self, workload: Workload | None = None) -> Runner:
         """The runner of ``kind``; for a replay workload (no runnable script) always the replay runner."""
-        kw = dict(device=self.device, timeout_s=self.timeout_s, mem_cap_gb=self.mem_cap_gb)
-        if workload is not None and workload.replay:
-            return make_runner("replay", recording=workload.root / workload.recording, **kw)
-        return make_runner(self.kind, **kw)
+        r = make_runner(self.kind, device=self.device, timeout_s=self.timeout_s, mem_cap_gb=self.mem_cap_gb)
+        return runner_for(workload, r) if workload is not None else r
 
 
 def warehouse_resource() -> DuckDBResource:

@@ -139,3 +139,17 @@ def make_runner(kind: str = "local", **settings: Any) -> Runner:
         raise RunnerError(f"runner kind {kind!r}: unknown setting(s) {', '.join(unknown)} "
                           f"(accepted: {', '.join(sorted(accepted))})")
     return cls(**settings)
+
+
+def runner_for(workload: Workload, runner: Runner) -> Runner:
+    """``runner``, or for a replay workload (nothing to run: ``Workload.replay``) the replay runner on its recording.
+
+    The runner is chosen per workload: a folder with ``cached_metrics.json``
+    and no ``workload.yaml`` is always replayed, whatever ``runner`` is, so
+    its config file is never run as a script.  ``device``, ``timeout_s`` and
+    ``mem_cap_gb`` carry over.
+    """
+    if not workload.replay or runner.kind == "replay":
+        return runner
+    return make_runner("replay", recording=workload.root / (workload.recording or ""),
+                       **{k: getattr(runner, k) for k in ("device", "timeout_s", "mem_cap_gb") if hasattr(runner, k)})

@@ -59,6 +59,15 @@ class Workload(BaseModel):
     recording: str | None = None
     environment: str | None = None
 
+    def __setstate__(self, state: dict) -> None:
+        """Unpickle, giving fields added since the pickle was written their defaults.
+
+        Dagster's IO manager keeps a materialized Workload pickled; a stage that
+        re-runs on it (automation) must not fail on a field it predates.
+        """
+        defaults = {k: f.get_default() for k, f in type(self).model_fields.items() if not f.is_required()}
+        super().__setstate__({**state, "__dict__": {**defaults, **state["__dict__"]}})
+
     @property
     def script(self) -> Path:
         return self.root / self.entry
