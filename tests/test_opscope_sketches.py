@@ -82,6 +82,33 @@ def test_strided_views_give_the_same_sketches_as_their_copy():
                                    rtol=1e-5, atol=1e-6)  # float32 reductions in another order
 
 
+@pytest.mark.parametrize("shape", [(64, 1536), (2, 40, 768), (50, 1536), (64, 384)])
+def test_blocked_channel_reduction_is_exact(shape):
+    """Wide contiguous views take the blocked per-channel min/max (C >= 512, R % 16 == 0): same values as amax(0)."""
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(3)) * torch.linspace(0.1, 9.0, shape[-1])
+    s = stats_of(x)
+    a = x.reshape(-1, shape[-1])
+    np.testing.assert_array_equal(s["chan_maxabs"][1], a.abs().amax(0).numpy())
+    assert s["min"][1][0] == float(a.min()) and s["max"][1][0] == float(a.max())
+    assert s["chan_outlier"][1][0] == pytest.approx(float(a.abs().amax(0).max() / a.abs().amax(0).mean()), rel=1e-6)
+
+
+def test_large_tensors_reduced_in_chunks_give_the_exact_whole_tensor_values():
+    """>= 16 MiB: the whole-tensor reductions run over ~1 MiB chunks of rows (and a ragged last chunk)."""
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(4100, 1040, generator=g) * torch.linspace(0.1, 5.0, 1040)       # 17 MiB, R % 16 != 0
+    s = stats_of(x)
+    a = x.double()
+    np.testing.assert_array_equal(s["chan_maxabs"][1], x.abs().amax(0).numpy())
+    assert s["min"][1][0] == float(x.min()) and s["max"][1][0] == float(x.max())
+    assert s["mean"][1][0] == pytest.approx(float(a.mean()), rel=1e-5, abs=1e-7)
+    assert s["sumsq"][1][0] == pytest.approx(float((a * a).sum()), rel=1e-6)
+    np.testing.assert_allclose(s["pos_sumsq"][1], (a * a).sum(1).numpy(), rtol=1e-5)
+    y = torch.randn(16, 1100, 256, generator=g).transpose(0, 1)                       # strided 3-D, 17 MiB
+    torch.testing.assert_close(sketch_vector(y, row_sample=None), sketch_vector(y.contiguous(), row_sample=None),
+                               rtol=1e-5, atol=1e-6)
+
+
 def test_nnz_is_exact_on_sparse_data_and_in_low_precision():
     x = torch.randn(300, 70)
     x[x < 0.4] = 0
