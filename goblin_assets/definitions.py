@@ -13,6 +13,12 @@ from goblin_assets.defs.partitions import workload_folders_sensor
 from goblin_assets.defs.sql import SQL_ASSETS
 from goblin_assets.defs.resources import runner_from_env, warehouse_resource
 
+#: Each step runs in its own process (so a crashing workload cannot take the run down); the
+#: forkserver preloads this module once, so a step starts in ~2 s instead of re-importing
+#: Dagster and the definitions (~5-9 s measured on 2 cores).
+EXECUTOR = dg.multiprocess_executor.configured(
+    {"start_method": {"forkserver": {"preload_modules": ["goblin_assets.definitions"]}}})
+
 defs = dg.Definitions(
     assets=[*AUDIT_ASSETS, *AGENT_ASSETS, *OPSCOPE_ASSETS, *MINING_ASSETS, *SQL_ASSETS],
     asset_checks=AUDIT_CHECKS,
@@ -20,4 +26,5 @@ defs = dg.Definitions(
     schedules=[observe_rocm_image_daily],
     jobs=[observe_rocm_image_job],
     resources={"runner": runner_from_env(), "duckdb": warehouse_resource()},
+    executor=EXECUTOR,
 )
