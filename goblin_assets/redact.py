@@ -111,3 +111,17 @@ def redact(text: str) -> str:
         else:
             text = pattern.sub(replacement, text)
     return text
+
+
+def redact_tree(obj):
+    """:func:`redact` applied to every string of a JSON-like tree (dicts, lists, tuples).
+
+    Returns a new tree (tuples become lists); non-string leaves are kept as they are.
+    """
+    if isinstance(obj, str):
+        return redact(obj)
+    if isinstance(obj, dict):
+        return {k: redact_tree(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [redact_tree(v) for v in obj]
+    return obj

@@ -23,7 +23,7 @@ from goblin_assets.agent.backend import (
 )
 from goblin_assets.agent.events import AgentEvent, FinalReport, Thought, ToolCall, ToolResult
 from goblin_assets.agent.tools import TOOLS, AuditSession, Tool
-from goblin_assets.audit.config import _redact_all as redact_all  # one recursive redaction for every JSON tree
+from goblin_assets.redact import redact_tree as redact_all
 from goblin_assets.audit.report import render_markdown
 from goblin_assets.errors import GoblinError, RunFailed
 from goblin_assets.redact import redact

@@ -26,7 +26,7 @@ from goblin_assets.audit.config_map import (
 from goblin_assets.audit.config_python import analyse_python
 from goblin_assets.audit.config_shell import scan_text
 from goblin_assets.audit.config_tree import flatten_json, flatten_yaml
-from goblin_assets.redact import redact
+from goblin_assets.redact import redact, redact_tree
 from goblin_assets.contracts import CONFIG_FIELDS, ConfigDict, Provenance
 from goblin_assets.errors import ConfigParseError
 
@@ -444,16 +444,6 @@ def parse_config(path: str | Path) -> ConfigDict:
 
 # --------------------------------------------------------------------------- output
 
-def _redact_all(obj: Any) -> Any:
-    if isinstance(obj, str):
-        return redact(obj)
-    if isinstance(obj, dict):
-        return {k: _redact_all(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_redact_all(v) for v in obj]
-    return obj
-
-
 def config_to_json(cfg: ConfigDict) -> dict[str, Any]:
     """The ``goblin parse --json`` document.
 
@@ -471,7 +461,7 @@ def config_to_json(cfg: ConfigDict) -> dict[str, Any]:
     doc["source_format"] = cfg.source_format
     doc["provenance"] = {f: p.model_dump() for f, p in cfg.provenance.items()}
     doc["warnings"] = list(cfg.warnings)
-    return _redact_all(doc)
+    return redact_tree(doc)
 
 
 def render_config_table(cfg: ConfigDict) -> Table:
