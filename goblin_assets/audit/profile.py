@@ -121,7 +121,6 @@ def profile_run(workload: Workload, runner: Runner, steps: int = 10, warmup: int
         except ImportError:  # pragma: no cover - psutil is a dependency
             pass
         m.warnings.append("cpu run: memory figures are the process's host RSS (GB), not device memory")
-    _headroom_batch(m, r, summary)
     # MFU
     flops = r.get("flops_total") or 0
     if flops and m.step_time_s:
@@ -152,6 +151,7 @@ def profile_run(workload: Workload, runner: Runner, steps: int = 10, warmup: int
         m.not_observable["real_tokens_per_sec"] = "workload counts samples, not tokens"
     if "rocprof" in r:
         merge_rocprof(m, r["rocprof"])
+    _headroom_batch(m, r, summary)  # after the merge: amd-smi may replace memory_headroom_gb
     return m
 
 
@@ -161,6 +161,14 @@ def gemm_precision(summary: TraceSummary) -> str:
     half = sum(g.time_us for g in summary.gemms if g.dtype in ("c10::BFloat16", "c10::Half"))
     total = sum(g.time_us for g in summary.gemms)
     return "bf16" if total > 0 and half / total > 0.5 else "fp32"
+
+
+def micro_batch(r: dict) -> float | None:
+    """Samples per data-loader batch over the measured steps (the per-device micro-batch); None if uncounted."""
+    per = r.get("per_step") or []
+    samples = sum(p.get("samples", 0) for p in per)
+    batches = sum(p.get("batches", 0) for p in per)
+    return samples / batches if samples and batches else None
 
 
 def activation_gb_per_sample(r: dict, summary: TraceSummary) -> tuple[float | None, str]:
@@ -173,12 +181,9 @@ def activation_gb_per_sample(r: dict, summary: TraceSummary) -> tuple[float | No
     steps).  Divided by the samples of one micro-batch (samples per step over
     loader batches per step).  Returns ``(None, reason)`` when not measurable.
     """
-    per = r.get("per_step") or []
-    samples = sum(p.get("samples", 0) for p in per)
-    batches = sum(p.get("batches", 0) for p in per)
-    if not samples or not batches:
+    micro = micro_batch(r)
+    if micro is None:
         return None, "no batches counted from the data loader"
-    micro = samples / batches
     if r.get("device") == "cuda":
         if r.get("mem_peak_gb") is None or r.get("mem_static_gb") is None:
             return None, "device memory counters were not read"
@@ -204,9 +209,7 @@ def _headroom_batch(m: RunMetrics, r: dict, summary: TraceSummary) -> None:
     if per_sample is None or m.memory_headroom_gb is None:
         m.not_observable["headroom_batch"] = how if per_sample is None else "memory headroom unknown"
         return
-    per = r["per_step"]
-    micro = sum(p["samples"] for p in per) / sum(p["batches"] for p in per)
-    m.headroom_batch = int(micro + max(m.memory_headroom_gb, 0.0) / per_sample)
+    m.headroom_batch = int(micro_batch(r) + max(m.memory_headroom_gb, 0.0) / per_sample)
     m.warnings.append(
         f"headroom_batch {m.headroom_batch} is estimated: {m.memory_headroom_gb:.2f} GB headroom / "
         f"{per_sample * 1e3:.3f} MB activation memory per sample ({how}); assumes activations grow "
