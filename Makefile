@@ -8,15 +8,22 @@ export DAGSTER_HOME ?= $(GOBLIN_HOME)/dagster
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install install-test system-deps demo test ui clean
+.PHONY: install install-test system-deps compiler demo test ui clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
+# A C compiler builds the fused sketch kernels (goblin_assets/opscope/_sketch.c) at install;
+# without one the install still succeeds and the sketches run on torch ops (slower).
+compiler:
+	@command -v cc >/dev/null 2>&1 || { \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq gcc libc6-dev >/dev/null; }
+
 # torch first, pinned to the CPU wheel: a plain `torch` requirement would pull a
 # multi-GB CUDA build on a CPU machine.  An existing torch in range is kept.
-$(VENV)/.installed: $(BIN)/python pyproject.toml
+$(VENV)/.installed: $(BIN)/python pyproject.toml setup.py goblin_assets/opscope/_sketch.c | compiler
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install --quiet "torch==2.13.0"
 	$(BIN)/pip install --quiet -e .
 	touch $@

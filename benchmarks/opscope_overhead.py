@@ -1,6 +1,6 @@
 """Recording overhead on MiniLM: injected forward vs plain forward, next to hooks and torch.ao observers.
 
-    .venv/bin/python benchmarks/opscope_overhead.py [--batch 32] [--seq-len 128] [--repeats 3]
+    .venv/bin/python benchmarks/opscope_overhead.py [--batch 32] [--seq-len 128] [--repeats 3] [--pairs 10]
                                                    [--every 10] [--threads N] [--compile] [--json]
 
 The packaged all-MiniLM-L6-v2 (eager attention) on standard-library
@@ -24,7 +24,15 @@ alternating within each repeat so that machine drift hits every arm alike:
 * ``compiled`` (``--compile``): ``torch.compile`` of the injected graph, which
   fuses the reductions; compile time reported separately.
 
-Ratios are against ``plain`` (the exported graph; ``eager`` is shown beside),
+The headline ratios are *paired*: ``--pairs`` times, ``plain``, ``injected``
+and ``injected_linear`` run back to back (the order alternating), each
+recorded time is divided by its own ``plain`` time, and the median and
+quartiles of those ratios are reported (``paired``).  On a shared machine the
+speed drifts by tens of percent within minutes (measured: plain forwards of
+1.55-2.1 s in one run); a pair a few seconds apart sees nearly the same
+machine, the best-of-repeats below does not.
+
+The other ratios are against ``plain`` (the exported graph; ``eager`` is shown beside),
 from the best of the repeats (the least disturbed by other processes on a
 shared machine; medians are printed too).  Each arm is also timed in process
 CPU seconds (``time.process_time``): on a shared machine a busy neighbour
@@ -44,6 +52,7 @@ import time
 
 import torch
 
+from goblin_assets.opscope import ckernel
 from goblin_assets.opscope.drivers import load_minilm, minilm_batches
 from goblin_assets.opscope.inject import Recorder, SiteFilter, inject_matmul_stats
 from goblin_assets.opscope.sketches import sketch_vector
@@ -56,7 +65,7 @@ def _hooked(model: torch.nn.Module, per_op) -> list:
 
 
 def measure_overhead(batch: int = 32, seq_len: int = 128, repeats: int = 3, every: int = 10,
-                     compile_graph: bool = False, log=print) -> dict:
+                     compile_graph: bool = False, log=print, pairs: int = 10) -> dict:
     """Median seconds per forward of each arm (see the module docstring) and their ratios to ``plain``.
 
     Returns
@@ -67,8 +76,10 @@ def measure_overhead(batch: int = 32, seq_len: int = 128, repeats: int = 3, ever
         ``ratio_vs_eager``, ``sampled_best_ratio`` and ``sampled_total_ratio``,
         ``sites``, ``rows_per_step``, ``threads``; ``cpu_best_s`` and
         ``cpu_ratio_vs_plain`` (process CPU seconds, best of the repeats);
-        with ``compile_graph`` also ``compile_s``.  Units: seconds.  Source:
-        measured.
+        with ``compile_graph`` also ``compile_s``; ``paired`` (arm -> median,
+        q1, q3 of the per-pair ratios to ``plain``, over ``pairs`` pairs) and
+        ``kernel`` (the fused CPU sketch kernel's file, or None when the torch
+        path ran).  Units: seconds.  Source: measured.
     """
     tok, model = load_minilm("eager")
     b = minilm_batches(tok, batch, seq_len, 1)[0]
@@ -127,6 +138,21 @@ def measure_overhead(batch: int = 32, seq_len: int = 128, repeats: int = 3, ever
                     h.remove()
                 sink.clear()
             log(f"repeat {rep + 1}/{repeats}: " + ", ".join(f"{k} {v[-1]:.2f}s" for k, v in times.items()))
+        # paired: plain and the two recorded arms back to back, each ratio against its own plain time
+        ratios: dict[str, list[float]] = {"injected": [], "injected_linear": []}
+        for i in range(pairs):
+            seq = ["plain", "injected", "injected_linear"]
+            t_of = {}
+            for arm in (seq if i % 2 == 0 else seq[::-1]):
+                t = time.perf_counter()
+                arms[arm]()
+                t_of[arm] = time.perf_counter() - t
+            for arm in ratios:
+                ratios[arm].append(t_of[arm] / t_of["plain"])
+            log(f"pair {i + 1}/{pairs}: plain {t_of['plain']:.2f}s, injected {ratios['injected'][-1]:.3f}x, "
+                f"injected_linear {ratios['injected_linear'][-1]:.3f}x")
+        paired = {arm: dict(zip(("q1", "median", "q3"), statistics.quantiles(v, n=4))) if len(v) > 1
+                  else {"q1": v[0], "median": v[0], "q3": v[0]} for arm, v in ratios.items() if v}
         # the sampled recorder: 2k steps, one in k recorded, each step timed, interleaved with 2k plain steps
         sampled = Recorder(inj, every=every)
         rec_t, unrec_t, plain_t = [], [], []
@@ -139,7 +165,8 @@ def measure_overhead(batch: int = 32, seq_len: int = 128, repeats: int = 3, ever
             sampled(ids, attention_mask=mask)
             sampled.flush()
             (rec_t if recording else unrec_t).append(time.perf_counter() - t)
-        out: dict = {"sampled_total_ratio": (sum(rec_t) + sum(unrec_t)) / sum(plain_t),
+        out: dict = {"paired": paired, "pairs": pairs, "kernel": ckernel.path() if ckernel.lib() else None,
+                     "sampled_total_ratio": (sum(rec_t) + sum(unrec_t)) / sum(plain_t),
                      "sampled_best_ratio": (min(rec_t) + (every - 1) * min(unrec_t)) / (every * min(plain_t))}
         if compile_graph:
             cm = torch.compile(inj.module)
@@ -172,6 +199,7 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--pairs", type=int, default=10, help="back-to-back plain/recorded pairs (the headline ratios)")
     ap.add_argument("--every", type=int, default=10, help="k of the sampled recorder")
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     ap.add_argument("--compile", action="store_true", help="also time torch.compile of the injected graph")
@@ -179,7 +207,8 @@ def main() -> int:
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
-    r = measure_overhead(a.batch, a.seq_len, a.repeats, a.every, a.compile, log=(lambda s: None) if a.json else print)
+    r = measure_overhead(a.batch, a.seq_len, a.repeats, a.every, a.compile, log=(lambda s: None) if a.json else print,
+                         pairs=a.pairs)
     if a.json:
         print(json.dumps(r, indent=2))
         return 0
@@ -190,6 +219,10 @@ def main() -> int:
                if k in r["cpu_best_s"] else "")
         print(f"  {k:20s} best {v:7.3f} s  median {r['median_s'][k]:7.3f} s   {r['ratio_vs_plain'][k]:5.2f}x plain "
               f"(median {r['ratio_vs_plain_median'][k]:5.2f}x)   {r['ratio_vs_eager'][k]:5.2f}x eager{cpu}")
+    print(f"  sketch kernel: {'fused C (' + r['kernel'] + ')' if r['kernel'] else 'torch ops (the C kernel is not built)'}")
+    for arm, q in r["paired"].items():
+        print(f"  {arm:20s} paired over {r['pairs']} back-to-back pairs: median {q['median']:.3f}x plain "
+              f"(quartiles {q['q1']:.3f}-{q['q3']:.3f})")
     print(f"  sampled recorder, every {r['every']}: {r['sampled_best_ratio']:.3f}x plain from the best recorded, "
           f"unrecorded and plain step times; {r['sampled_total_ratio']:.3f}x from the totals of {2 * r['every']} steps")
     if "compile_s" in r:

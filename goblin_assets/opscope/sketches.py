@@ -37,16 +37,22 @@ the whole tensor, and the costly sketches are computed at fixed positions
 (so a tensor repeated exactly still gives identical sketches and
 stationarity stays detectable):
 
-* exact, four read-only passes over the whole tensor and no temporary of
-  its size: ``min``, ``max``, ``chan_maxabs`` and ``chan_outlier`` (per-channel
-  min and max), ``mean`` (a sum), ``sumsq`` and the per-row energies (a
-  per-row l2 norm).  A tensor of at least 16 MiB is reduced in ~1 MiB chunks
-  of rows, all four reductions per chunk (the later passes read it from L2;
-  CPU, one intra-op thread);
-  a wide view (C >= 512) takes its per-channel min/max in blocks of 16 rows;
-  a tensor whose last axis is strided (attention's ``K^T``) is first copied
-  contiguous, the one temporary of its size (:func:`_row_chunks`,
-  :func:`_chan_minmax`; same values up to float32 summation order).
+* exact, over the whole tensor: ``min``, ``max``, ``chan_maxabs`` and
+  ``chan_outlier`` (per-channel min and max), ``mean`` (a sum), ``sumsq`` and
+  the per-row energies.  On the CPU (float32, float16, bfloat16) these come
+  from one read of the tensor by the fused kernel
+  (:mod:`goblin_assets.opscope.ckernel`, ``_sketch.c``), which also computes
+  every sampled sketch below, so a sketch is one call instead of about a
+  hundred small ops.  A dense permutation (attention's per-head views and
+  ``K^T``) is read in place, in memory order; other strided tensors are
+  copied contiguous first.  Elsewhere (CUDA, ROCm, float64, a NaN or inf in
+  the tensor, the kernel not built) the torch path below gives the same
+  statistics with four read-only reductions and no temporary the size of the
+  tensor; a tensor of at least 16 MiB is reduced in ~1 MiB chunks of rows
+  (CPU, one intra-op thread); a wide view (C >= 512) takes its per-channel
+  min/max in blocks of 16 rows; a strided last axis is copied contiguous
+  (:func:`_row_chunks`, :func:`_chan_minmax`).  The two paths agree to
+  float32 summation order (``tests/test_opscope_ckernel.py``).
   ``pos_sumsq`` reports the exact energies of ``n`` fixed rows
   ``r_i = i * (R // n)`` when ``R > n`` (``idx`` is the real row),
   ``adj_sumsq`` the exact differences of the pairs ``(r_i, r_i + 1)`` and
@@ -61,7 +67,8 @@ stationarity stays detectable):
 Why: on the CPU a temporary the size of an activation (``abs``, a comparison)
 costs more than a reduction (fresh pages), and ``count_nonzero`` is ~20x
 slower than a sum on sparse data (measured), so the exact tier is what
-read-only reductions give.  A per-channel max over sampled rows was tried and
+read-only reductions give; and each read of an activation that no longer
+fits in cache costs a trip to DRAM, hence one fused read on the CPU.  A per-channel max over sampled rows was tried and
 rejected: on Student-t data it doubled ``chan_outlier`` past the miner's
 threshold of 6 (a false outlier finding).  Stated error of the
 sampled sketches (measured on the seven sweep distributions at 4096 x 384;
@@ -85,6 +92,8 @@ import math
 
 import numpy as np
 import torch
+
+from goblin_assets.opscope import ckernel
 
 #: Scalar statistics of :func:`scalar_sketch`, in output order.
 SCALAR_STATS: tuple[str, ...] = ("min", "max", "mean", "l1", "sumsq", "nnz")
@@ -302,6 +311,9 @@ def sketch_vector(x: torch.Tensor, stats: tuple[str, ...] = STATS,
     f32, f64 = torch.float32, torch.float64
     if numel == 0:
         return torch.zeros(sketch_length(x.shape, stats, row_sample), dtype=f64, device=x.device)
+    fused = _sketch_c(x, stats, row_sample)
+    if fused is not None:
+        return fused
     want = set(stats)
     if x.dim() >= 2 and x.stride(-1) != 1 and numel > _COPY_MIN_NUMEL and x.device.type == "cpu":
         x = x.contiguous()          # a strided last axis (K^T of attention): one copy, then fast reductions
@@ -377,6 +389,105 @@ def sketch_vector(x: torch.Tensor, stats: tuple[str, ...] = STATS,
     if "sample" in want:
         vals["sample"] = (x.reshape(1) if x.dim() == 0 else x)[pos_i]
     return torch.cat([vals[s].reshape(-1).to(f64) for s in STATS if s in want])
+
+
+def _dense_block(shape: tuple[int, ...], strides: tuple[int, ...]) -> int | None:
+    """``N`` when a tensor is a permutation of a dense block that memory holds as ``(A, C, N)``, else None.
+
+    ``C`` is the tensor's last (channel) axis, at stride ``N`` in memory: 1 for
+    a contiguous tensor or a per-head view of one (``q.view(B, S, H, D).transpose(1, 2)``),
+    ``H * D`` for attention's ``K^T``.  Dense: the strides, sorted, are the
+    running products of the sizes (no gaps, no broadcast axes).
+    """
+    expect = 1
+    for st, sz in sorted((st, sz) for sz, st in zip(shape, strides) if sz != 1):
+        if st != expect:
+            return None
+        expect *= sz
+    return strides[-1] if shape and shape[-1] != 1 else 1
+
+
+def _offsets(index: np.ndarray, shape: tuple[int, ...], strides: tuple[int, ...]) -> np.ndarray:
+    """Element offsets (int64) of the row-major flat indices ``index`` of a tensor of ``shape`` and ``strides``."""
+    if not shape:
+        return np.zeros(len(index), dtype=np.int64)
+    multi = np.unravel_index(np.asarray(index, dtype=np.int64), shape)
+    return np.sum([m.astype(np.int64) * st for m, st in zip(multi, strides)], axis=0, dtype=np.int64).reshape(-1)
+
+
+@functools.lru_cache(maxsize=1024)
+def _c_plan(shape: tuple[int, ...], strides: tuple[int, ...], stats: tuple[str, ...],
+            row_sample: int | None) -> tuple | None:
+    """Arguments of the fused kernel for one shape and layout (cached), or None when the layout is not dense.
+
+    Row order is the tensor's (row-major over all but the last axis), memory
+    may be any dense permutation (:func:`_dense_block`): each reported row and
+    row pair is passed as element offsets, each row's energy as its index in
+    the kernel's memory-order row sums.
+    """
+    n = _dense_block(shape, strides)
+    if n is None:
+        return None
+    r, c = rows_channels(shape)
+    numel = r * c
+    lead, lead_st = shape[:-1], strides[:-1]
+    contiguous = strides == tuple(int(np.prod(shape[i + 1:], dtype=np.int64)) for i in range(len(shape)))
+
+    def starts(rows: np.ndarray) -> np.ndarray:
+        return _offsets(rows, lead, lead_st) if lead else np.zeros(len(rows), dtype=np.int64)
+
+    def i64(a) -> torch.Tensor:
+        return torch.as_tensor(np.ascontiguousarray(a, dtype=np.int64))
+
+    rep = starts(sampled_rows(r, row_sample))
+    rep = (rep // (c * n)) * n + rep % n                   # memory-order row of each reported row
+    lag = far_lag(r)
+    adj, far = paired_rows(r, 1, row_sample), paired_rows(r, lag, row_sample)
+    st, cnt = shape_sample(numel, c, row_sample)
+    ss_off = None if contiguous else i64(_offsets(np.arange(cnt, dtype=np.int64) * st, shape, strides))
+    want = sum(1 << i for i, s in enumerate(STATS) if s in stats)
+    return (r, c, n, i64(rep), i64(starts(adj)), i64(starts(adj + 1)), i64(starts(far)), i64(starts(far + lag)),
+            ss_off, st, cnt, i64(_offsets(sample_positions(numel), shape, strides)), want,
+            sketch_length(shape, stats, row_sample))
+
+
+def _sketch_c(x: torch.Tensor, stats: tuple[str, ...], row_sample: int | None) -> torch.Tensor | None:
+    """:func:`sketch_vector` by the fused CPU kernel (:mod:`goblin_assets.opscope.ckernel`), else None.
+
+    Used for a non-empty CPU tensor of float32 (float16/bfloat16 are widened
+    first; float64 keeps the torch path and its precision) when the kernel is
+    built.  A dense permutation (attention's per-head views and ``K^T``) is
+    read in place, in memory order; any other strided tensor is copied
+    contiguous first.  None also when the tensor holds a non-finite value: the
+    torch path then gives NaN/inf as before.
+    """
+    if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        return None
+    cdll = ckernel.lib()
+    if cdll is None:
+        return None
+    x = x.to(torch.float32)
+    if x.dim() == 0:
+        x = x.reshape(1)
+    plan = _c_plan(tuple(x.shape), tuple(x.stride()), stats, row_sample)
+    if plan is None:
+        x = x.contiguous()
+        plan = _c_plan(tuple(x.shape), tuple(x.stride()), stats, row_sample)
+    r, c, n, rep, adj, adj2, far, far2, ss_off, st, cnt, pos, want, length = plan
+    lohi, rsum, rsq = ckernel.rows(cdll, x, r // n, c, n)
+    out = torch.empty(length, dtype=torch.float64)
+    got = cdll.goblin_finish_f32(
+        x.data_ptr(), r, c, n, lohi[0].data_ptr(), lohi[1].data_ptr(), rsum.data_ptr(), rsq.data_ptr(),
+        rep.data_ptr(), rep.numel(), adj.data_ptr(), adj2.data_ptr(), adj.numel(), far.data_ptr(), far2.data_ptr(),
+        far.numel(), None if ss_off is None else ss_off.data_ptr(), st, cnt, pos.data_ptr(), pos.numel(), want,
+        out.data_ptr())
+    if got == -1:       # a non-finite value: the torch path propagates it
+        return None
+    if got == -2:
+        raise MemoryError(f"fused sketch kernel: no memory for the {cnt}-element shape sample")
+    if got != length:   # the kernel and sketch_layout disagree: a bug, never silently misplaced values
+        raise RuntimeError(f"fused sketch kernel wrote {got} values for shape {tuple(x.shape)}, layout has {length}")
+    return out
 
 
 def _row_chunks(xn: torch.Tensor) -> list[torch.Tensor] | tuple[torch.Tensor, ...]:
@@ -482,6 +593,13 @@ def probs_vector(p: torch.Tensor, dim: int = -1) -> torch.Tensor:
     if p.dim() == 1:
         p = p.unsqueeze(0)
     q, k = p.shape[-2], p.shape[-1]
+    cdll = ckernel.lib() if p.device.type == "cpu" and p.numel() else None
+    if cdll is not None:      # the fused kernel: one pass (same values up to float32 summation order)
+        pc = p.reshape(-1, q, k).contiguous()
+        out = torch.empty(q + k, dtype=torch.float64)
+        work = torch.empty(k, dtype=torch.float32)
+        if cdll.goblin_probs_f32(pc.data_ptr(), pc.shape[0], q, k, work.data_ptr(), out.data_ptr()) >= 0:
+            return out
     p = p.reshape(-1, q, k)
     peak = p.amax(-1).mean(0)
     mass = p.sum(-2).mean(0)
