@@ -1,7 +1,8 @@
 """Recording overhead on MiniLM: injected forward vs plain forward, next to hooks and torch.ao observers.
 
     .venv/bin/python benchmarks/opscope_overhead.py [--batch 32] [--seq-len 128] [--repeats 3] [--pairs 10]
-                                                   [--every 10] [--threads N] [--compile] [--json]
+                                                   [--every 10] [--threads N] [--malloc fixed|default]
+                                                   [--compile] [--json]
 
 The packaged all-MiniLM-L6-v2 (eager attention) on standard-library
 docstrings, batch 32 x sequence 128 on the CPU by default.  In the same run,
@@ -12,9 +13,15 @@ alternating within each repeat so that machine drift hits every arm alike:
 * ``injected``: one recorded step with the full sketch set on every matmul
   (lhs, rhs, out) and softmax (probs): :class:`goblin_assets.opscope.inject.Recorder`
   forward plus ``flush`` (weight sketches once per step, one host read-back,
-  the tidy rows built); also ``injected_linear`` with the 37 linear sites only;
+  the tidy rows built); also ``injected_linear`` with the 37 linear sites only,
+  and ``injected_torch_ops``, all sites with the fused CPU kernel switched off
+  (:mod:`goblin_assets.opscope.ckernel`: the torch path of the same sketches);
 * ``hooks``: the same sketches from ``nn.Linear`` forward hooks on the eager
-  model, input, weight and output, each copied to the host per op;
+  model, input, weight and output, each copied to the host per op (by the
+  same :func:`~goblin_assets.opscope.sketches.sketch_vector`, so with the
+  fused kernel on the CPU: what it adds over ``injected_linear`` is the
+  per-op host copies and the weights sketched on every call; on an
+  accelerator each host copy is also a synchronisation);
 * ``histogram_observer``: ``torch.ao.quantization.HistogramObserver`` on every
   linear's input and output (hooks);
 * ``sampled``: the recorder with ``every=k`` (one step in k recorded, the
@@ -32,6 +39,17 @@ speed drifts by tens of percent within minutes (measured: plain forwards of
 1.55-2.1 s in one run); a pair a few seconds apart sees nearly the same
 machine, the best-of-repeats below does not.
 
+Allocator: with ``--malloc fixed`` (the default) glibc's mmap and trim
+thresholds are fixed first (``mallopt``: allocations under 32 MiB from the
+heap, the heap never trimmed).  Glibc's own adaptive thresholds return and
+re-fault tens of MB of pages per forward, depending on the history of the
+heap, not on the arm: measured on this benchmark, 0 to 116,000 minor faults
+(0 to 0.3 s of system time) per forward of *either* the plain or the
+injected graph, which swamped the difference being measured.  The minor
+faults of each pair are printed; ``--malloc default`` keeps glibc's
+behaviour.  (PyTorch's CPU performance guides suggest jemalloc or tcmalloc
+for the same reason.)
+
 The other ratios are against ``plain`` (the exported graph; ``eager`` is shown beside),
 from the best of the repeats (the least disturbed by other processes on a
 shared machine; medians are printed too).  Each arm is also timed in process
@@ -46,7 +64,10 @@ measured.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
+import os
+import resource
 import statistics
 import time
 
@@ -56,6 +77,16 @@ from goblin_assets.opscope import ckernel
 from goblin_assets.opscope.drivers import load_minilm, minilm_batches
 from goblin_assets.opscope.inject import Recorder, SiteFilter, inject_matmul_stats
 from goblin_assets.opscope.sketches import sketch_vector
+
+
+def fix_malloc() -> bool:
+    """Fix glibc's mmap threshold at 32 MiB and disable heap trimming (``mallopt``); False where not glibc."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3          # <malloc.h>
+    return bool(libc.mallopt(m_mmap_threshold, 32 << 20)) and bool(libc.mallopt(m_trim_threshold, 1 << 30))
 
 
 def _hooked(model: torch.nn.Module, per_op) -> list:
@@ -105,6 +136,18 @@ def measure_overhead(batch: int = 32, seq_len: int = 128, repeats: int = 3, ever
 
     rows_per_step = {}
 
+    def torch_ops(fn):
+        """``fn()`` with the fused sketch kernel switched off (the torch path of the same sketches)."""
+        old = os.environ.get(ckernel.ENV)
+        os.environ[ckernel.ENV] = "torch"
+        try:
+            return fn()
+        finally:
+            if old is None:
+                os.environ.pop(ckernel.ENV, None)
+            else:
+                os.environ[ckernel.ENV] = old
+
     def step(r: Recorder, key: str):
         r(ids, attention_mask=mask)
         rows_per_step[key] = len(r.flush())
@@ -114,6 +157,7 @@ def measure_overhead(batch: int = 32, seq_len: int = 128, repeats: int = 3, ever
         "plain": lambda: inj.plain(ids, attention_mask=mask),
         "injected": lambda: step(rec, "injected"),
         "injected_linear": lambda: step(rec_lin, "injected_linear"),
+        "injected_torch_ops": lambda: torch_ops(lambda: step(rec, "injected")),
         "hooks": None,
         "histogram_observer": None,
     }
@@ -142,15 +186,18 @@ def measure_overhead(batch: int = 32, seq_len: int = 128, repeats: int = 3, ever
         ratios: dict[str, list[float]] = {"injected": [], "injected_linear": []}
         for i in range(pairs):
             seq = ["plain", "injected", "injected_linear"]
-            t_of = {}
+            t_of, faults = {}, {}
             for arm in (seq if i % 2 == 0 else seq[::-1]):
+                f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
                 t = time.perf_counter()
                 arms[arm]()
                 t_of[arm] = time.perf_counter() - t
+                faults[arm] = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
             for arm in ratios:
                 ratios[arm].append(t_of[arm] / t_of["plain"])
             log(f"pair {i + 1}/{pairs}: plain {t_of['plain']:.2f}s, injected {ratios['injected'][-1]:.3f}x, "
-                f"injected_linear {ratios['injected_linear'][-1]:.3f}x")
+                f"injected_linear {ratios['injected_linear'][-1]:.3f}x; minor faults "
+                + " ".join(f"{k} {v}" for k, v in faults.items()))
         paired = {arm: dict(zip(("q1", "median", "q3"), statistics.quantiles(v, n=4))) if len(v) > 1
                   else {"q1": v[0], "median": v[0], "q3": v[0]} for arm, v in ratios.items() if v}
         # the sampled recorder: 2k steps, one in k recorded, each step timed, interleaved with 2k plain steps
@@ -202,13 +249,17 @@ def main() -> int:
     ap.add_argument("--pairs", type=int, default=10, help="back-to-back plain/recorded pairs (the headline ratios)")
     ap.add_argument("--every", type=int, default=10, help="k of the sampled recorder")
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    ap.add_argument("--malloc", choices=("fixed", "default"), default="fixed",
+                    help="fix glibc's mmap/trim thresholds first (default) or keep its adaptive ones")
     ap.add_argument("--compile", action="store_true", help="also time torch.compile of the injected graph")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
+    fixed = a.malloc == "fixed" and fix_malloc()
     r = measure_overhead(a.batch, a.seq_len, a.repeats, a.every, a.compile, log=(lambda s: None) if a.json else print,
                          pairs=a.pairs)
+    r["malloc"] = "fixed thresholds" if fixed else "glibc adaptive"
     if a.json:
         print(json.dumps(r, indent=2))
         return 0
@@ -219,6 +270,7 @@ def main() -> int:
                if k in r["cpu_best_s"] else "")
         print(f"  {k:20s} best {v:7.3f} s  median {r['median_s'][k]:7.3f} s   {r['ratio_vs_plain'][k]:5.2f}x plain "
               f"(median {r['ratio_vs_plain_median'][k]:5.2f}x)   {r['ratio_vs_eager'][k]:5.2f}x eager{cpu}")
+    print(f"  allocator: {r['malloc']}")
     print(f"  sketch kernel: {'fused C (' + r['kernel'] + ')' if r['kernel'] else 'torch ops (the C kernel is not built)'}")
     for arm, q in r["paired"].items():
         print(f"  {arm:20s} paired over {r['pairs']} back-to-back pairs: median {q['median']:.3f}x plain "

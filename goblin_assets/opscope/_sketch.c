@@ -174,8 +174,10 @@ static float sqdiff(const float *restrict a, const float *restrict b, int64_t C,
  *                            R C / ss_count, kurtosis, hist); NULL: k * ss_stride;
  *   pos (n_pos,)             the `sample` elements.
  *
- * Returns the number of values written, -1 when the input holds a non-finite
- * value (the caller falls back to the torch path), -2 when out of memory.
+ * ys: scratch for the gathered shape sample, ss_count doubles (the caller's,
+ * reused across calls: an allocation per call would page-fault).
+ * Returns the number of values written, or -1 when the input holds a
+ * non-finite value (the caller falls back to the torch path).
  */
 int64_t goblin_finish_f32(const float *restrict x, int64_t R, int64_t C, int64_t cs,
                           const float *restrict lo, const float *restrict hi,
@@ -184,7 +186,8 @@ int64_t goblin_finish_f32(const float *restrict x, int64_t R, int64_t C, int64_t
                           const int64_t *restrict adj, const int64_t *restrict adj2, int64_t n_adj,
                           const int64_t *restrict far, const int64_t *restrict far2, int64_t n_far,
                           const int64_t *restrict ss_off, int64_t ss_stride, int64_t ss_count,
-                          const int64_t *restrict pos, int64_t n_pos, int64_t want, double *restrict out)
+                          const int64_t *restrict pos, int64_t n_pos, int64_t want, double *restrict ys,
+                          double *restrict out)
 {
     const double numel = (double)R * (double)C;
     double total = 0.0, sumsq = 0.0;
@@ -205,9 +208,6 @@ int64_t goblin_finish_f32(const float *restrict x, int64_t R, int64_t C, int64_t
     }
 
     /* the shape sample (l1, nnz, kurtosis, hist), gathered once: its strided reads miss the cache */
-    double *ys = malloc((size_t)(ss_count > 0 ? ss_count : 1) * sizeof(double));
-    if (!ys)
-        return -2;
     double l1 = 0.0, nnz = 0.0, ysum = 0.0;
     const double scale = numel / (double)ss_count;
     if (ss_off)
@@ -258,7 +258,6 @@ int64_t goblin_finish_f32(const float *restrict x, int64_t R, int64_t C, int64_t
         for (int b = 0; b < HIST_BINS; b++)
             *o++ = (double)counts[b] / (double)ss_count;
     }
-    free(ys);
     if (want & S_CHAN)
         for (int64_t j = 0; j < C; j++)
             *o++ = (double)(hi[j] > -lo[j] ? hi[j] : -lo[j]);

@@ -13,14 +13,18 @@ Why C: on the CPU the torch path reads an activation four times (per-channel
 min and max, sum, per-row norm) and runs about a hundred small ops per tensor;
 the kernel reads it once.  Measured (one thread, float32, warm in cache): the
 exact tier of a 4096 x 1536 activation 10-12 ms -> 2.0-2.3 ms, 4096 x 384
-0.6-0.7 ms -> 0.21-0.25 ms.  ctypes releases the GIL during a call, so row
-blocks of a large tensor run on threads (:func:`rows`).
+0.6-0.7 ms -> 0.21-0.25 ms.  In a recorded MiniLM forward (batch 32 x 128,
+55 sites, one thread) the sketch nodes took ~790 ms on torch ops and
+~190 ms with the kernel, against ~1.7 s for the model itself
+(``benchmarks/opscope_overhead.py``).  ctypes releases the GIL during a
+call, so row blocks of a large tensor run on threads (:func:`rows`).
 """
 from __future__ import annotations
 
 import ctypes
 import importlib.util
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -31,6 +35,27 @@ ENV = "GOBLIN_SKETCH_KERNEL"
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
 _PAR_MIN_NUMEL = 1 << 20   # rows of a tensor this large are split across torch's intra-op thread count
 _state: dict = {}
+_local = threading.local()
+
+
+def scratch(n: int, dtype: torch.dtype = torch.float32, slot: str = "rows") -> torch.Tensor:
+    """A reused buffer of at least ``n`` elements of this thread (its first ``n``, uninitialised).
+
+    The kernels' work arrays come from here rather than from a fresh
+    allocation per call: glibc serves an allocation of 128 KiB or more with
+    ``mmap``, and every call would fault its pages in again (measured: ~30,000
+    minor faults and 0.1 s of system time per injected MiniLM forward before,
+    next to none in the plain forward).  Only for values that are consumed
+    before the next call on the same thread.
+    """
+    key = (slot, dtype)
+    bufs = getattr(_local, "bufs", None)
+    if bufs is None:
+        bufs = _local.bufs = {}
+    buf = bufs.get(key)
+    if buf is None or buf.numel() < n:
+        buf = bufs[key] = torch.empty(max(n, 1 << 16), dtype=dtype)
+    return buf[:n]
 
 
 def path() -> str | None:
@@ -58,7 +83,7 @@ def lib() -> ctypes.CDLL | None:
             cdll.goblin_rows_mid_f32.restype = None
             cdll.goblin_finish_f32.argtypes = [_ptr, _i64, _i64, _i64, _ptr, _ptr, _ptr, _ptr,   # x, R, C, cs, exact
                                                _ptr, _i64, _ptr, _ptr, _i64, _ptr, _ptr, _i64,   # rep, adj, far
-                                               _ptr, _i64, _i64, _ptr, _i64, _i64, _ptr]         # shape sample, pos, out
+                                               _ptr, _i64, _i64, _ptr, _i64, _i64, _ptr, _ptr]   # sample, pos, ys, out
             cdll.goblin_finish_f32.restype = _i64
             cdll.goblin_probs_f32.argtypes = [_ptr, _i64, _i64, _i64, _ptr, _ptr]
             cdll.goblin_probs_f32.restype = _i64
@@ -75,36 +100,42 @@ def _pool(workers: int) -> ThreadPoolExecutor:
     return _state["pool"]
 
 
-def rows(cdll: ctypes.CDLL, x: torch.Tensor, a: int, c: int, n: int = 1
-         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def rows(cdll: ctypes.CDLL, x: torch.Tensor, a: int, c: int, n: int = 1) -> tuple[int, int, int, int]:
     """Exact tier of a float32 CPU tensor whose memory is a dense ``(a, c, n)`` block, in one pass.
 
     ``c`` is the channel axis (``n = 1``: a contiguous ``(a, c)`` matrix).
-    Returns ``(lohi, rsum, rsq)``: ``lohi`` float32 ``(2, c)`` (per-channel
-    min, max), ``rsum`` and ``rsq`` float32 ``(a * n,)`` (sum and sum of
-    squares of each row, in memory order: row ``(i, k)`` at ``i * n + k``).
-    With ``torch.get_num_threads() > 1`` a tensor of at least 2**20 elements
-    is split into that many blocks along ``a``, run on threads and combined.
+    Returns the addresses ``(lo, hi, rsum, rsq)`` of float32 arrays in this
+    thread's :func:`scratch` (valid until the next call on the thread):
+    per-channel min and max ``(c,)``, and the sum and sum of squares of each
+    row ``(a * n,)`` in memory order (row ``(i, k)`` at ``i * n + k``).  With
+    ``torch.get_num_threads() > 1`` a tensor of at least 2**20 elements is
+    split into that many blocks along ``a``, run on threads and combined.
+    Addresses, not tensors: a sketch call is ~100 microseconds of Python at
+    most, and views cost a few each.
     """
     r = a * n
     threads = torch.get_num_threads()
     blocks = min(threads, a) if threads > 1 and r * c >= _PAR_MIN_NUMEL else 1
-    work = torch.empty(2 * blocks * c + 2 * r, dtype=torch.float32)
-    lohi = work[: 2 * blocks * c].view(blocks, 2, c)
-    rsum, rsq = work[2 * blocks * c: 2 * blocks * c + r], work[2 * blocks * c + r:]
-    xp, sp, qp = x.data_ptr(), rsum.data_ptr(), rsq.data_ptr()
+    work = scratch(2 * blocks * c + 2 * r)
+    base, f4 = work.data_ptr(), 4
+    rsum, rsq = base + f4 * 2 * blocks * c, base + f4 * (2 * blocks * c + r)
+    xp = x.data_ptr()
+    if blocks == 1:
+        (cdll.goblin_rows_f32(xp, c, 0, a, base, base + f4 * c, rsum, rsq) if n == 1 else
+         cdll.goblin_rows_mid_f32(xp, c, n, 0, a, base, base + f4 * c, rsum, rsq))
+        return base, base + f4 * c, rsum, rsq
     bounds = [(a * b // blocks, a * (b + 1) // blocks) for b in range(blocks)]
 
     def run(b: int) -> None:
         a0, a1 = bounds[b]
-        lo, hi = lohi[b, 0].data_ptr(), lohi[b, 1].data_ptr()
+        lo, hi = base + f4 * 2 * b * c, base + f4 * (2 * b + 1) * c
         if n == 1:
-            cdll.goblin_rows_f32(xp, c, a0, a1, lo, hi, sp, qp)
+            cdll.goblin_rows_f32(xp, c, a0, a1, lo, hi, rsum, rsq)
         else:
-            cdll.goblin_rows_mid_f32(xp, c, n, a0, a1, lo, hi, sp, qp)
+            cdll.goblin_rows_mid_f32(xp, c, n, a0, a1, lo, hi, rsum, rsq)
 
-    if blocks == 1:
-        run(0)
-        return lohi[0], rsum, rsq
     list(_pool(blocks).map(run, range(blocks)))
-    return torch.stack((lohi[:, 0].amin(0), lohi[:, 1].amax(0))), rsum, rsq
+    lohi = work[: 2 * blocks * c].view(blocks, 2, c)
+    lohi[0, 0] = lohi[:, 0].amin(0)            # block 0's slots take the combined min and max
+    lohi[0, 1] = lohi[:, 1].amax(0)
+    return base, base + f4 * c, rsum, rsq

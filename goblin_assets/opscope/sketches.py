@@ -212,7 +212,12 @@ def sketch_layout(shape: tuple[int, ...] | torch.Size, stats: tuple[str, ...] = 
 
 def sketch_length(shape: tuple[int, ...] | torch.Size, stats: tuple[str, ...] = STATS,
                   row_sample: int | None = ROW_SAMPLE) -> int:
-    """Number of values :func:`sketch_vector` returns for a tensor of ``shape``."""
+    """Number of values :func:`sketch_vector` returns for a tensor of ``shape`` (cached per shape)."""
+    return _length(tuple(int(s) for s in shape), tuple(stats), row_sample)
+
+
+@functools.lru_cache(maxsize=4096)
+def _length(shape: tuple[int, ...], stats: tuple[str, ...], row_sample: int | None) -> int:
     return int(sum(len(i) for _, i in sketch_layout(shape, stats, row_sample)))
 
 
@@ -277,14 +282,16 @@ def _row_pairs(x: torch.Tensor, x2: torch.Tensor | None, lag: int, row_sample: i
 
 
 def sketch_vector(x: torch.Tensor, stats: tuple[str, ...] = STATS,
-                  row_sample: int | None = ROW_SAMPLE) -> torch.Tensor:
+                  row_sample: int | None = ROW_SAMPLE, out: torch.Tensor | None = None) -> torch.Tensor:
     """All requested sketches of ``x`` concatenated into one vector, on ``x.device``.
 
     Shapes
     ------
     ``x``: any shape ``(..., C)``, any strides, any floating dtype (others are
     cast to float32).  Returns float64 ``(L,)`` with ``L = sketch_length(
-    x.shape, stats, row_sample)``, values in the order of :func:`sketch_layout`.
+    x.shape, stats, row_sample)``, values in the order of :func:`sketch_layout`;
+    with ``out`` (float64 ``(L,)`` on ``x.device``, e.g. a slice of a step's
+    packed vector) the values are written there and ``out`` is returned.
 
     Units
     -----
@@ -295,7 +302,7 @@ def sketch_vector(x: torch.Tensor, stats: tuple[str, ...] = STATS,
     Raises
     ------
     SketchError
-        An unknown statistic name.
+        An unknown statistic name, or ``out`` of the wrong length.
 
     Source
     ------
@@ -310,8 +317,11 @@ def sketch_vector(x: torch.Tensor, stats: tuple[str, ...] = STATS,
     numel = r * c
     f32, f64 = torch.float32, torch.float64
     if numel == 0:
-        return torch.zeros(sketch_length(x.shape, stats, row_sample), dtype=f64, device=x.device)
-    fused = _sketch_c(x, stats, row_sample)
+        return _into(torch.zeros(sketch_length(x.shape, stats, row_sample), dtype=f64, device=x.device), out)
+    if out is not None and out.numel() != sketch_length(x.shape, stats, row_sample):
+        raise SketchError(f"out has {out.numel()} values; the sketches of shape {tuple(x.shape)} have "
+                          f"{sketch_length(x.shape, stats, row_sample)}")
+    fused = _sketch_c(x, stats, row_sample, out)
     if fused is not None:
         return fused
     want = set(stats)
@@ -388,7 +398,14 @@ def sketch_vector(x: torch.Tensor, stats: tuple[str, ...] = STATS,
             vals["hist"] = torch.zeros(HIST_BINS, dtype=f64, device=x.device).scatter_add_(0, b, ones)
     if "sample" in want:
         vals["sample"] = (x.reshape(1) if x.dim() == 0 else x)[pos_i]
-    return torch.cat([vals[s].reshape(-1).to(f64) for s in STATS if s in want])
+    return _into(torch.cat([vals[s].reshape(-1).to(f64) for s in STATS if s in want]), out)
+
+
+def _into(v: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    """``v``, or ``out`` holding a copy of it."""
+    if out is None:
+        return v
+    return out.copy_(v)
 
 
 def _dense_block(shape: tuple[int, ...], strides: tuple[int, ...]) -> int | None:
@@ -451,7 +468,8 @@ def _c_plan(shape: tuple[int, ...], strides: tuple[int, ...], stats: tuple[str, 
             sketch_length(shape, stats, row_sample))
 
 
-def _sketch_c(x: torch.Tensor, stats: tuple[str, ...], row_sample: int | None) -> torch.Tensor | None:
+def _sketch_c(x: torch.Tensor, stats: tuple[str, ...], row_sample: int | None,
+              out: torch.Tensor | None = None) -> torch.Tensor | None:
     """:func:`sketch_vector` by the fused CPU kernel (:mod:`goblin_assets.opscope.ckernel`), else None.
 
     Used for a non-empty CPU tensor of float32 (float16/bfloat16 are widened
@@ -459,7 +477,8 @@ def _sketch_c(x: torch.Tensor, stats: tuple[str, ...], row_sample: int | None) -
     built.  A dense permutation (attention's per-head views and ``K^T``) is
     read in place, in memory order; any other strided tensor is copied
     contiguous first.  None also when the tensor holds a non-finite value: the
-    torch path then gives NaN/inf as before.
+    torch path then gives NaN/inf as before.  Writes into ``out`` (a float64
+    vector of the right length) when given.
     """
     if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         return None
@@ -474,20 +493,19 @@ def _sketch_c(x: torch.Tensor, stats: tuple[str, ...], row_sample: int | None) -
         x = x.contiguous()
         plan = _c_plan(tuple(x.shape), tuple(x.stride()), stats, row_sample)
     r, c, n, rep, adj, adj2, far, far2, ss_off, st, cnt, pos, want, length = plan
-    lohi, rsum, rsq = ckernel.rows(cdll, x, r // n, c, n)
-    out = torch.empty(length, dtype=torch.float64)
+    lo, hi, rsum, rsq = ckernel.rows(cdll, x, r // n, c, n)
+    direct = out is not None and out.device.type == "cpu" and out.dtype == torch.float64 and out.is_contiguous()
+    dst = out if direct else torch.empty(length, dtype=torch.float64)
     got = cdll.goblin_finish_f32(
-        x.data_ptr(), r, c, n, lohi[0].data_ptr(), lohi[1].data_ptr(), rsum.data_ptr(), rsq.data_ptr(),
+        x.data_ptr(), r, c, n, lo, hi, rsum, rsq,
         rep.data_ptr(), rep.numel(), adj.data_ptr(), adj2.data_ptr(), adj.numel(), far.data_ptr(), far2.data_ptr(),
         far.numel(), None if ss_off is None else ss_off.data_ptr(), st, cnt, pos.data_ptr(), pos.numel(), want,
-        out.data_ptr())
-    if got == -1:       # a non-finite value: the torch path propagates it
+        ckernel.scratch(max(cnt, 1), torch.float64, "sample").data_ptr(), dst.data_ptr())
+    if got < 0:         # a non-finite value: the torch path propagates it
         return None
-    if got == -2:
-        raise MemoryError(f"fused sketch kernel: no memory for the {cnt}-element shape sample")
     if got != length:   # the kernel and sketch_layout disagree: a bug, never silently misplaced values
         raise RuntimeError(f"fused sketch kernel wrote {got} values for shape {tuple(x.shape)}, layout has {length}")
-    return out
+    return dst if out is None or direct else out.copy_(dst)
 
 
 def _row_chunks(xn: torch.Tensor) -> list[torch.Tensor] | tuple[torch.Tensor, ...]:
@@ -597,7 +615,7 @@ def probs_vector(p: torch.Tensor, dim: int = -1) -> torch.Tensor:
     if cdll is not None:      # the fused kernel: one pass (same values up to float32 summation order)
         pc = p.reshape(-1, q, k).contiguous()
         out = torch.empty(q + k, dtype=torch.float64)
-        work = torch.empty(k, dtype=torch.float32)
+        work = ckernel.scratch(k)
         if cdll.goblin_probs_f32(pc.data_ptr(), pc.shape[0], q, k, work.data_ptr(), out.data_ptr()) >= 0:
             return out
     p = p.reshape(-1, q, k)
