@@ -79,8 +79,9 @@ void goblin_rows_f32(const float *restrict x, int64_t C, int64_t r0, int64_t r1,
 typedef float v8f __attribute__((vector_size(32)));
 typedef int32_t v8i __attribute__((vector_size(32)));
 
-/* lanes of a where m is set, else of b (m from a vector comparison: all ones or zero) */
-static inline v8f vsel(v8i m, v8f a, v8f b) { return (v8f)(((v8i)a & m) | ((v8i)b & ~m)); }
+/* lanes of a where m is set, else of b (m from a vector comparison: all ones or zero); a macro, since
+ * a function passing 32-byte vectors draws GCC's -Wpsabi note on builds without AVX */
+#define VSEL(m, a, b) ((v8f)(((v8i)(a) & (m)) | ((v8i)(b) & ~(m))))
 
 /* min and max of a contiguous run r[0:n] (n >= 1) into *mn, *mx; NaN is skipped as in goblin_rows_f32. */
 static inline void run_minmax(const float *restrict r, int64_t n, float *mn, float *mx)
@@ -91,8 +92,8 @@ static inline void run_minmax(const float *restrict r, int64_t n, float *mn, flo
     for (; k + 8 <= n; k += 8) {
         v8f v;
         memcpy(&v, r + k, sizeof v);
-        lo = vsel(v < lo, v, lo);
-        hi = vsel(v > hi, v, hi);
+        lo = VSEL(v < lo, v, lo);
+        hi = VSEL(v > hi, v, hi);
     }
     float a = r[0], b = r[0];
     for (; k < n; k++) {
