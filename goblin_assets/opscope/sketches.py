@@ -68,9 +68,10 @@ Why: on the CPU a temporary the size of an activation (``abs``, a comparison)
 costs more than a reduction (fresh pages), and ``count_nonzero`` is ~20x
 slower than a sum on sparse data (measured), so the exact tier is what
 read-only reductions give; and each read of an activation that no longer
-fits in cache costs a trip to DRAM, hence one fused read on the CPU.  A per-channel max over sampled rows was tried and
-rejected: on Student-t data it doubled ``chan_outlier`` past the miner's
-threshold of 6 (a false outlier finding).  Stated error of the
+fits in cache costs a trip to DRAM, hence one fused read on the CPU.  A
+per-channel max over sampled rows was tried and rejected: on Student-t data
+it doubled ``chan_outlier`` past the miner's threshold of 6 (a false outlier
+finding).  Stated error of the
 sampled sketches (measured on the seven sweep distributions at 4096 x 384;
 pinned in ``tests/test_opscope_sketches.py``): density (nnz/numel) within 0.01
 absolute, l1 within 3 %, far_sumsq within 10 % of its mean over all row pairs
