@@ -106,3 +106,18 @@ def test_probs_kernel_equals_torch_path(torch_path):
         fused = probs_vector(q, dim)
         torch.testing.assert_close(fused, torch_path(lambda: probs_vector(q, dim)), rtol=1e-6, atol=1e-6)
     assert np.allclose(probs_vector(p).numpy()[20 + 15:], 0.0)
+
+
+def test_out_is_written_in_place_on_both_paths(torch_path):
+    from goblin_assets.opscope.sketches import SketchError, sketch_length
+
+    x = torch.randn(300, 48, generator=torch.Generator().manual_seed(6))
+    n = sketch_length(x.shape)
+    for run in (lambda f: f(), torch_path):
+        buf = torch.full((n + 4,), -7.0, dtype=torch.float64)
+        got = run(lambda: sketch_vector(x, out=buf[2:2 + n]))
+        assert got.data_ptr() == buf[2:].data_ptr()
+        torch.testing.assert_close(buf[2:2 + n], sketch_vector(x), rtol=2e-5, atol=1e-5)
+        assert buf[:2].eq(-7.0).all() and buf[-2:].eq(-7.0).all()      # nothing written outside the slice
+    with pytest.raises(SketchError, match="out has 3 values"):
+        sketch_vector(x, out=torch.empty(3, dtype=torch.float64))
