@@ -9,6 +9,7 @@ what is tested here; tests/test_agent_digits.py runs the real stages.
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 from dataclasses import replace
@@ -67,7 +68,20 @@ class Scripted:
                 self.end_headers()
                 self.wfile.write(data)
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Server(ThreadingHTTPServer):
+            # server_close() joins the handler threads, so a reply still sleeping when its test ends
+            # cannot write into a later test.  Its own trouble (a client that hung up before the reply
+            # was written: the timeout test) is recorded, not printed; printed, a BrokenPipeError from
+            # the timeout test's late reply once landed in the next CLI test's captured stderr and
+            # failed its "no traceback" check.
+            daemon_threads = False
+            block_on_close = True
+
+            def handle_error(self, request, client_address):
+                owner.server_errors.append(repr(sys.exc_info()[1]))
+
+        self.server_errors: list[str] = []
+        self.httpd = Server(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
         self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05},
                                        daemon=True)
