@@ -13,11 +13,36 @@ from goblin_assets.defs.partitions import workload_folders_sensor
 from goblin_assets.defs.sql import SQL_ASSETS
 from goblin_assets.defs.resources import runner_from_env, warehouse_resource
 
-#: Each step runs in its own process (so a crashing workload cannot take the run down); the
-#: forkserver preloads this module once, so a step starts in ~2 s instead of re-importing
-#: Dagster and the definitions (~5-9 s measured on 2 cores).
+#: Modules the forkserver imports once per run, so that each forked step process starts with them.
+#: Measured on 2 cores (PYTHONPROFILEIMPORTTIME and the run's event log, digits_mlp audit run with
+#: 1-step budgets: 89 s -> 74 s; a step's process starts in ~0.4 s instead of 1.2-1.7 s):
+#:
+#: - this module: Dagster and the definitions, ~5 s;
+#: - torch, ~3 s in every step that profiles, sketches, mines or benchmarks.  Importing torch
+#:   starts no thread pool and initialises no CUDA/HIP context, so forking after it is safe;
+#: - the instance's SQLite storages (SQLAlchemy, alembic) and universal-pathlib, which every step
+#:   imports when it opens the instance: ~1.1 s of each step's start.
+#:
+#: Python's forkserver skips a name that fails to import, so a Dagster version without one of these
+#: private modules only loses the saving (tests/test_defs.py checks that they all import).
+FORKSERVER_PRELOAD = [
+    "goblin_assets.definitions",
+    "torch",
+    "dagster._core.storage.base_storage",
+    "dagster._core.storage.event_log.sqlite",
+    "dagster._core.storage.runs.sqlite",
+    "dagster._core.storage.schedules.sqlite",
+    "dagster._core.storage.local_compute_log_manager",
+    "dagster._core.instance.factory",
+    "dagster._core.secrets.env_file",
+    "upath.core",
+    "upath.implementations.local",
+]
+
+#: Each step runs in its own process (so a crashing workload cannot take the run down), forked
+#: from the preloaded forkserver.
 EXECUTOR = dg.multiprocess_executor.configured(
-    {"start_method": {"forkserver": {"preload_modules": ["goblin_assets.definitions"]}}})
+    {"start_method": {"forkserver": {"preload_modules": FORKSERVER_PRELOAD}}})
 
 defs = dg.Definitions(
     assets=[*AUDIT_ASSETS, *AGENT_ASSETS, *OPSCOPE_ASSETS, *MINING_ASSETS, *SQL_ASSETS],

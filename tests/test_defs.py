@@ -19,6 +19,16 @@ def _graph():
     return defs.resolve_asset_graph()
 
 
+def test_forkserver_preload_modules_all_import():
+    """The forkserver silently skips a preload module that fails to import: a rename would only show as slow steps."""
+    import importlib
+
+    from goblin_assets.definitions import FORKSERVER_PRELOAD
+
+    for name in FORKSERVER_PRELOAD:
+        importlib.import_module(name)
+
+
 def test_every_stage_is_an_asset():
     keys = {k.to_user_string() for k in _graph().get_all_asset_keys()}
     assert set(STAGES) <= keys
