@@ -44,8 +44,10 @@ def cmd_opscope_record(args) -> int:
             opts[k] = getattr(args, k)
     if getattr(args, "no_train", False):
         opts["train"] = False
-    res = run_driver(args.driver, **opts)
-    n = write_result(res, parquet=args.parquet)
+    with console.status(f"goblin opscope {args.driver}: recording") as status:
+        res = run_driver(args.driver, **opts, progress=lambda line: status.update(f"goblin opscope {line}"))
+        status.update(f"goblin opscope {args.driver}: writing {len(res.rows)} rows")
+        n = write_result(res, parquet=args.parquet)
     if args.json:
         sys.stdout.write(json.dumps(res.to_json(rows_written=n), indent=2, default=str) + "\n")
         return 0

@@ -87,6 +87,22 @@ def test_seq_weights_stationary_activations_drift():
     assert set(r.rows[r.rows.site == "up"].M) == {4}
 
 
+def test_progress_is_reported_about_ten_times_per_run():
+    lines: list[str] = []
+    seq(steps=25, batch=2, d_model=16, progress=lines.append)
+    assert lines == [f"seq: step {s}/25 recorded" for s in (3, 5, 8, 10, 13, 15, 18, 20, 23, 25)]
+    lines.clear()
+    seq(steps=3, batch=2, d_model=16, progress=lines.append)   # short runs: every step
+    assert lines == [f"seq: step {s}/3 recorded" for s in (1, 2, 3)]
+    lines.clear()
+    sweep(steps=1, shapes=((8, 16, 8),), dists=("gaussian", "relu-sparse"), progress=lines.append)
+    assert lines == ["sweep: GEMM 8x16x8, gaussian recorded (1/2, 1 steps each)",
+                     "sweep: GEMM 8x16x8, relu-sparse recorded (2/2, 1 steps each)"]
+    lines.clear()
+    digits(steps=2, progress=lines.append)
+    assert [ln.split(" (loss ")[0] for ln in lines] == ["digits: step 1/2 recorded", "digits: step 2/2 recorded"]
+
+
 @pytest.fixture(scope="module")
 def digits_run():
     return digits(steps=4)

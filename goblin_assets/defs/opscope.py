@@ -63,7 +63,7 @@ def _record(context: dg.AssetExecutionContext, driver: str, config: OpscopeConfi
     from goblin_assets.opscope.drivers import run_driver  # torch: imported when a driver runs, not at load
 
     context.log.info(f"{driver}: recording on {runner.device} ({config.steps or 'default'} steps)")
-    res = run_driver(driver, steps=config.steps, device=runner.device)
+    res = run_driver(driver, steps=config.steps, device=runner.device, progress=context.log.info)
     _log_progress(context, res)
     n = 0
     if res.gate_passed:  # a graph whose outputs changed under the taps records nothing

@@ -171,6 +171,17 @@ def _run_id(driver: str) -> str:
 # ----------------------------------------------------------------- sweep
 
 
+#: A driver's progress callback: one human-readable line per call (the CLI shows it in a rich
+#: status line, the Dagster assets log it).
+Progress = Callable[[str], None]
+
+
+def _report_step(progress: Progress | None, driver: str, step: int, steps: int, detail: str = "") -> None:
+    """Tell ``progress`` that step ``step`` (1-based) of ``steps`` is recorded, at most ~10 times per run."""
+    if progress is not None and (step == steps or (step * 10) // steps != ((step - 1) * 10) // steps):
+        progress(f"{driver}: step {step}/{steps} recorded" + (f" ({detail})" if detail else ""))
+
+
 def draw(dist: str, shape: tuple[int, int], gen: torch.Generator) -> torch.Tensor:
     """A float32 ``(M, K)`` tensor of one sweep distribution.
 
@@ -225,12 +236,13 @@ class _Gemm(nn.Module):
 
 def sweep(steps: int = 2, shapes: tuple[tuple[int, int, int], ...] = SWEEP_SHAPES,
           dists: tuple[str, ...] = DISTRIBUTIONS, device: str = "cpu", seed: int = 0,
-          row_sample: int | None = None) -> DriverResult:
+          row_sample: int | None = None, progress: Progress | None = None) -> DriverResult:
     """Sketch one GEMM per shape on inputs from each distribution, ``steps`` fresh draws each.
 
     The weights are Gaussian / sqrt(K) and fixed; ``dist`` names the input
     distribution; the correctness gate runs at injection and again on the
     first input of every distribution.  ``row_sample=None`` (default): exact.
+    ``progress`` is called once per shape and distribution recorded.
 
     Shapes: rows for ``len(shapes) * len(dists) * steps`` steps of three roles.
 
@@ -264,6 +276,9 @@ def sweep(steps: int = 2, shapes: tuple[tuple[int, int, int], ...] = SWEEP_SHAPE
                     rec(x)
                 recorded.append(rec.flush())
             frames.append(_frame(recorded, run_id, "sweep", f"GEMM {m}x{k}x{n}", dev, dist))
+            if progress is not None:
+                progress(f"sweep: GEMM {m}x{k}x{n}, {dist} recorded ({len(frames)}/{len(shapes) * len(dists)}, "
+                         f"{steps} steps each)")
     rows = pd.concat(frames, ignore_index=True)
     return DriverResult(run_id, "sweep", "GEMM sweep", rows, sites, gates, wall_s=time.perf_counter() - t0,
                         extra={"dists": list(dists), "shapes": [list(s) for s in shapes]})
@@ -286,12 +301,13 @@ class DecodeBlock(nn.Module):
 
 
 def seq(steps: int = 16, batch: int = 8, d_model: int = 256, drift: float = 0.05, device: str = "cpu",
-        seed: int = 0) -> DriverResult:
+        seed: int = 0, progress: Progress | None = None) -> DriverResult:
     """A decode-like stepped sequence: fixed weights, drifting activations, ``steps`` steps.
 
     At step ``t`` the block reads ``h_t`` (``batch`` sequences, one token each)
     and ``h_{t+1} = block(h_t) + drift * noise``: the weights' sketches are
     identical at every step (stationary), the activations' drift.
+    ``progress`` (optional) gets a line about ten times per run.
 
     Shapes: ``h_t`` is ``(batch, d_model)``.
     """
@@ -305,9 +321,10 @@ def seq(steps: int = 16, batch: int = 8, d_model: int = 256, drift: float = 0.05
     rec = Recorder(inj)
     recorded = []
     with torch.no_grad():
-        for _ in range(steps):
+        for step in range(steps):
             out = rec(h)
             recorded.append(rec.flush())
+            _report_step(progress, "seq", step + 1, steps)
             h = out + drift * torch.randn(batch, d_model, generator=gen).to(dev)
     name = f"decode MLP block d={d_model}, batch {batch}"
     rows = _frame(recorded, _run_id("seq"), "seq", name, dev, "decode-drift")
@@ -391,7 +408,8 @@ def _digits_data(mnist: str | Path | None) -> tuple[np.ndarray, np.ndarray, str]
 
 
 def digits(steps: int = 8, batch: int = 64, hidden: int = 256, lr: float = 0.05, train: bool = True,
-           mnist: str | Path | None = None, device: str = "cpu", seed: int = 0) -> DriverResult:
+           mnist: str | Path | None = None, device: str = "cpu", seed: int = 0,
+           progress: Progress | None = None) -> DriverResult:
     """Train an MLP (in, hidden, ReLU, hidden, ReLU, 10) with SGD on real handwritten digits; sketch every step.
 
     Sites ``fc1`` (its lhs: the pixels), ``fc2`` (lhs: post-ReLU activations), ``fc3``.
@@ -399,7 +417,8 @@ def digits(steps: int = 8, batch: int = 64, hidden: int = 256, lr: float = 0.05,
     ``mnist``: a torchvision-format MNIST folder (else scikit-learn's 8x8
     digits, pixels / 16).  ``train=False`` keeps the weights fixed (the
     optimizer is off: weight sketches are then stationary).  Rows' ``dist`` is
-    the data set's name.
+    the data set's name.  ``progress`` (optional) gets a line (with the loss)
+    about ten times per run.
 
     Shapes: batches ``(batch, 64)`` (digits) or ``(batch, 784)`` (MNIST).
 
@@ -435,6 +454,7 @@ def digits(steps: int = 8, batch: int = 64, hidden: int = 256, lr: float = 0.05,
             opt.step()
         recorded.append(rec.flush())
         losses.append(float(loss.detach()))
+        _report_step(progress, "digits", step + 1, steps, f"loss {losses[-1]:.3f}")
     name = f"MLP {x_all.shape[1]}-{hidden}-{hidden}-10 ({data_name})"
     dist = "mnist" if mnist else "sklearn-digits"
     rows = _frame(recorded, _run_id("digits"), "digits", name, dev, dist)
@@ -505,14 +525,15 @@ def minilm_batches(tok, batch: int, seq_len: int, n: int) -> list[dict[str, torc
 
 
 def minilm(steps: int = 2, batch: int = 8, seq_len: int = 128, attn_implementation: str = "eager",
-           site_filter: SiteFilter | None = None, device: str = "cpu") -> DriverResult:
+           site_filter: SiteFilter | None = None, device: str = "cpu", progress: Progress | None = None) -> DriverResult:
     """Sketch every matmul and softmax of pretrained all-MiniLM-L6-v2 on real docstrings, ``steps`` batches.
 
     Sites: 37 ``linear`` (6 layers x 6 + the pooler), 12 attention
     ``matmul`` and, with eager attention, 6 ``softmax`` (role ``probs``:
     per-query peak probability, per-key received mass).  With
     ``attn_implementation="sdpa"`` there is no softmax node; ``notes`` says so.
-    Rows' ``dist`` is ``stdlib-docstrings``.
+    Rows' ``dist`` is ``stdlib-docstrings``.  ``progress`` (optional) gets a line
+    once the graph is injected and about ten times while recording.
 
     Shapes: ``input_ids`` and ``attention_mask`` ``(batch, seq_len)``.
 
@@ -531,12 +552,15 @@ def minilm(steps: int = 2, batch: int = 8, seq_len: int = 128, attn_implementati
     b0 = batches[0]
     inj = inject_matmul_stats(model, (b0["input_ids"],), {"attention_mask": b0["attention_mask"]},
                               site_filter=site_filter, infer=True)
+    if progress is not None:
+        progress(f"minilm: {len(inj.sites)} sites injected ({inj.frontend}), correctness gate passed")
     rec = Recorder(inj)
     recorded = []
     with torch.no_grad():
-        for b in batches:
+        for step, b in enumerate(batches):
             rec(b["input_ids"], attention_mask=b["attention_mask"])
             recorded.append(rec.flush())
+            _report_step(progress, "minilm", step + 1, len(batches))
     rows = _frame(recorded, _run_id("minilm"), "minilm", MINILM_NAME, dev, "stdlib-docstrings")
     pad = float(1 - torch.stack([b["attention_mask"] for b in batches]).float().mean())
     ops = inj.ops()
