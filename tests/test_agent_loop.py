@@ -374,3 +374,21 @@ def test_tool_content_is_redacted_and_bounded():
     doc = json.loads(text)
     assert len(doc["diff"]) < 3100 and doc["diff"].endswith("(7002 more characters)")
     assert_clean("a tool result", text)
+
+
+@pytest.mark.parametrize("speedup", [1.4047131147540983, 1.40495, 2.0049999, 0.995])
+def test_agent_states_the_speedup_as_the_report_prints_it(speedup):
+    """compare_runs' measured_speedup is rounded once, as the report prints it (a CI run once read 1.41x vs 1.40x)."""
+    from types import SimpleNamespace
+
+    from goblin_assets.agent.tools import report_summary
+
+    rep = SimpleNamespace(measured_speedup=speedup, predicted_low=1.1, predicted_high=1.5, confidence=0.7,
+                          baseline_throughput=780.8, patched_throughput=1096.8, throughput_unit="samples/s",
+                          cache_hits=[], buckets=[], applied=[], workload="digits_mlp", model="MLP", device="cpu",
+                          accelerator_version="none (CPU)", torch_version="2.13.0", batch_shape="batch_size=64")
+    s = SimpleNamespace(need_report=lambda: rep, overrides=None, report_path=None)
+    summary = report_summary(s)
+    planner = OfflinePlanner()
+    planner.results = {"compare_runs": {"ok": True, **summary}}
+    assert planner.final_text().startswith(f"Measured speedup {speedup:.2f}x: 780.8 -> 1096.8 samples/s")

@@ -302,7 +302,9 @@ def report_summary(s: AuditSession) -> dict[str, Any]:
     rep = s.need_report()
     return {
         **_whatif(s),
-        "measured_speedup": _r(rep.measured_speedup, 3),
+        # rounded once, as the report prints it (2 decimals): 1.4047 rounded to 3 and then printed with
+        # 2 decimals read "1.41x" in the agent's answer beside the report's "1.40x"
+        "measured_speedup": _r(rep.measured_speedup, 2),
         "predicted_speedup": [_r(rep.predicted_low), _r(rep.predicted_high)], "confidence": _r(rep.confidence),
         "throughput": {"original": _r(rep.baseline_throughput, 1), "patched": _r(rep.patched_throughput, 1),
                        "unit": rep.throughput_unit, "cache_hits": rep.cache_hits},
