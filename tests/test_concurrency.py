@@ -24,6 +24,7 @@ RUN_CONFIG = '{"resources": {"runner": {"config": {"profiled_steps": 1, "warmup_
 WRITERS = "workload_source,profile_run"
 CHECKS = [("profile_run", "kernels_schema")]
 
+
 def test_four_partitions_at_once_share_one_warehouse(tmp_path):
     root = tmp_path / "workloads"
     names = [f"tiny_{i}" for i in range(4)]

@@ -168,9 +168,6 @@ def _run_id(driver: str) -> str:
     return f"{driver}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
 
 
-# ----------------------------------------------------------------- sweep
-
-
 #: A driver's progress callback: one human-readable line per call (the CLI shows it in a rich
 #: status line, the Dagster assets log it).
 Progress = Callable[[str], None]
@@ -180,6 +177,9 @@ def _report_step(progress: Progress | None, driver: str, step: int, steps: int, 
     """Tell ``progress`` that step ``step`` (1-based) of ``steps`` is recorded, at most ~10 times per run."""
     if progress is not None and (step == steps or (step * 10) // steps != ((step - 1) * 10) // steps):
         progress(f"{driver}: step {step}/{steps} recorded" + (f" ({detail})" if detail else ""))
+
+
+# ----------------------------------------------------------------- sweep
 
 
 def draw(dist: str, shape: tuple[int, int], gen: torch.Generator) -> torch.Tensor:
