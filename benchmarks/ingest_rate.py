@@ -28,7 +28,7 @@ best and median are reported, and ``ours / raw`` per repeat.  Once each:
   in the output;
 * ``parquet``: pyarrow ``write_table`` of the same Arrow table.
 
-Source of the reference numbers: ``../shared/measured_facts.md`` (1.9 M rows/s
+Source of the reference numbers: ``docs/measured_facts.md`` "Warehouse ingest" (1.9 M rows/s
 raw, 290 rows/s row by row, measured while planning).
 """
 from __future__ import annotations

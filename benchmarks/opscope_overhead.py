@@ -57,7 +57,7 @@ CPU seconds (``time.process_time``): on a shared machine a busy neighbour
 stretches wall time but not the CPU time this process spends, so with
 ``--threads 1`` the CPU-time ratio is the steadier estimate (with more
 threads it also counts OpenMP workers spinning, so read the wall ratio).
-Reference numbers from planning (``../shared/measured_facts.md``): hooks
+Reference numbers from planning (``docs/measured_facts.md``): hooks
 3.55x, HistogramObserver 2.24x, the one-read limit about 1.09x.  Source:
 measured.
 """

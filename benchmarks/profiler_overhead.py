@@ -28,7 +28,7 @@ from goblin_assets.runners.workload import load_workload
 
 
 def _median_step_s(raw) -> float:
-    return statistics.median(p["step_time_s"] for p in raw.result["per_step"])
+    return statistics.median(p.step_time_s for p in raw.result.per_step)
 
 
 def measure_overhead(workload_path: str | Path, steps: int = 10, warmup: int = 2, repeats: int = 3,

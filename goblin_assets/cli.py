@@ -1,7 +1,7 @@
-"""The ``goblin`` command: the same stages as the asset graph, without Dagster.
+"""The ``goblin`` command: the audit session's stages (the same as the asset graph's), without Dagster.
 
-    goblin audit PATH [--steps N] [--json]
-    goblin profile PATH [--steps N] [--json]
+    goblin audit PATH [--steps N] [--bench-steps N] [--repeats N] [--timeout S] [--json] [--html OUT]
+    goblin profile PATH [--steps N] [--runner local|rocprof|replay] [--json]
     goblin parse FILE [--json]
     goblin chat PATH [--question TEXT] [--base-url URL] [--model NAME] [--json]
     goblin sql "SELECT ..." [--json]
@@ -16,13 +16,10 @@ import json
 import sys
 from collections.abc import Sequence
 
-from rich.console import Console
 from rich.table import Table
 
+from goblin_assets.cli_common import add_settings_options, console, open_session, out
 from goblin_assets.errors import GoblinError
-
-console = Console(stderr=True)
-out = Console()
 
 
 def _print_json(obj) -> None:
@@ -43,51 +40,46 @@ def _fmt(v, unit: str = "", scale: float = 1.0, digits: int = 2) -> str:
 
 
 def cmd_audit(args) -> int:
-    from goblin_assets.audit.pipeline import run_audit
-    from goblin_assets.runners.base import make_runner
-    from goblin_assets.runners.workload import load_workload
     from goblin_assets.warehouse.db import write
 
-    wl = load_workload(args.path)
-    res = run_audit(wl, make_runner("local", timeout_s=args.timeout), steps=args.steps, bench_steps=args.bench_steps,
-                    repeats=args.repeats, log=lambda s: console.print(f"[dim]{s}[/dim]"))
-    counts = write(res.frames)
+    s = open_session(args).run_all()
+    counts = write(s.frames())
     console.print(f"[dim]warehouse: {sum(counts.values())} rows in {len(counts)} tables[/dim]")
-    html_path = None
-    if args.html:
-        from pathlib import Path
-
-        from goblin_assets.audit.report import write_html
-
-        html_path = write_html(res.report, Path(args.html))
+    html_path = s.write_html(args.html) if args.html else None
+    if html_path:
         console.print(f"[dim]HTML report: {html_path}[/dim]")
     if args.json:
-        _print_json({**res.to_json(), **({"html_path": str(html_path)} if html_path else {})})
+        _print_json({**s.to_json(), **({"html_path": str(html_path)} if html_path else {})})
         return 0
-    r = res.report
-    t = Table(title=f"goblin audit: {wl.name}")
-    for c in ("", "original", "patched"):
-        t.add_column(c)
-    t.add_row(f"{r.throughput_unit or r.unit + '/s'} (median, measured)", f"{r.baseline_throughput:.1f}",
-              f"{r.patched_throughput:.1f}")
-    t.add_row("step time (profiled)", _fmt(r.before_step_time_s, " ms", 1e3, 1), _fmt(r.after_step_time_s, " ms", 1e3, 1))
-    for bc in r.buckets:
-        t.add_row(f"  {bc.bucket} ({bc.before_status})", f"{bc.before_share:.0%}", f"{bc.after_share:.0%}")
-    out.print(t)
-    out.print(f"measured speedup [bold]{r.measured_speedup:.2f}x[/bold] (predicted {r.predicted_low:.2f}x–"
-              f"{r.predicted_high:.2f}x, confidence {r.confidence:.2f}); rules: "
-              f"{', '.join(a.rule_id for a in r.applied) or 'none'}")
-    out.print(f"report: {res.report_path}" + (f" (HTML: {html_path})" if html_path else ""))
+    r, wl = s.audit_report(), s.workload
+    if s.replay:
+        m = s.profile_run()
+        rows = [("step time", _fmt(m.step_time_s, " ms", 1e3, 1)), (m.throughput_unit, _fmt(m.throughput, digits=1)),
+                *[(f"  {k} ({b.status})", _fmt(b.seconds, " ms", 1e3)) for k, b in m.waste_budget.items()]]
+        out.print(_metrics_table(f"goblin audit: {wl.name} ({r.provenance}: nothing measured here)", rows))
+        out.print(f"measured speedup: not observable ({s.not_observable.get('benchmarks', '')})")
+        out.print(f"predicted {r.predicted_low:.2f}x–{r.predicted_high:.2f}x (confidence {r.confidence:.2f}); "
+                  f"rules: {', '.join(a.rule_id for a in s.patch().applied) or 'none'}")
+    else:
+        t = Table(title=f"goblin audit: {wl.name}")
+        for c in ("", "original", "patched"):
+            t.add_column(c)
+        t.add_row(f"{r.throughput_unit or r.unit + '/s'} (median, measured)", f"{r.baseline_throughput:.1f}",
+                  f"{r.patched_throughput:.1f}")
+        t.add_row("step time (profiled)", _fmt(r.before_step_time_s, " ms", 1e3, 1),
+                  _fmt(r.after_step_time_s, " ms", 1e3, 1))
+        for bc in r.buckets:
+            t.add_row(f"  {bc.bucket} ({bc.before_status})", f"{bc.before_share:.0%}", f"{bc.after_share:.0%}")
+        out.print(t)
+        out.print(f"measured speedup [bold]{r.measured_speedup:.2f}x[/bold] (predicted {r.predicted_low:.2f}x–"
+                  f"{r.predicted_high:.2f}x, confidence {r.confidence:.2f}); rules: "
+                  f"{', '.join(a.rule_id for a in r.applied) or 'none'}")
+    out.print(f"report: {s.report_path}" + (f" (HTML: {html_path})" if html_path else ""))
     return 0
 
 
 def cmd_profile(args) -> int:
-    from goblin_assets.audit.pipeline import profile
-    from goblin_assets.runners.base import make_runner
-    from goblin_assets.runners.workload import load_workload
-
-    wl = load_workload(args.path)
-    m = profile(wl, make_runner(args.runner, timeout_s=args.timeout), steps=args.steps, label="profile")
+    m = open_session(args, with_kb=False).profile_run()
     if args.json:
         _print_json(json.loads(m.model_dump_json()))
         return 0
@@ -102,7 +94,7 @@ def cmd_profile(args) -> int:
     rows += [(f"waste.{k} ({b.status})", _fmt(b.seconds, " ms", 1e3)) for k, b in m.waste_budget.items()]
     rows += [(f"top op {i + 1}", f"{k.name} {k.pct_time:.1f}%") for i, k in enumerate(m.top_kernels)]
     rows += [(f"{k} (not observable)", v) for k, v in m.not_observable.items()]
-    out.print(_metrics_table(f"goblin profile: {wl.name} ({m.provenance.kind} on {m.provenance.device})", rows))
+    out.print(_metrics_table(f"goblin profile: {m.workload} ({m.provenance.kind} on {m.provenance.device})", rows))
     out.print(f"trace: {m.trace_path}")
     return 0
 
@@ -140,21 +132,19 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
 
     a = sub.add_parser("audit", help="audit a workload end to end and write the report")
-    a.add_argument("path", help="workload folder (with workload.yaml) or a training script")
-    a.add_argument("--steps", type=int, default=10, help="profiled steps (after 2 warm-up steps)")
-    a.add_argument("--bench-steps", type=int, default=20, help="timed steps per benchmark repeat")
-    a.add_argument("--repeats", type=int, default=3, help="alternating benchmark repeats per arm")
-    a.add_argument("--timeout", type=float, default=600.0, help="wall-clock limit per child run, seconds")
+    a.add_argument("path", help="workload folder (with workload.yaml), a replay folder (cached_metrics.json) "
+                                "or a training script")
+    add_settings_options(a)
     a.add_argument("--json", action="store_true")
     a.add_argument("--html", metavar="OUT.html", help="also write the self-contained HTML report to this file")
     a.set_defaults(fn=cmd_audit)
 
     pr = sub.add_parser("profile", help="profile a workload and print RunMetrics")
     pr.add_argument("path")
-    pr.add_argument("--steps", type=int, default=10)
-    pr.add_argument("--timeout", type=float, default=600.0)
-    pr.add_argument("--runner", choices=["local", "rocprof", "replay"], default="local",
-                    help="local: installed torch; rocprof: wrapped in rocprofv3 + amd-smi; replay: cached_metrics.json")
+    add_settings_options(pr, bench=False)
+    pr.add_argument("--runner", dest="kind", choices=["local", "rocprof", "replay"], default=None,
+                    help="local: installed torch; rocprof: wrapped in rocprofv3 + amd-smi; replay: cached_metrics.json "
+                         "(default $GOBLIN_RUNNER_KIND, else local)")
     pr.add_argument("--json", action="store_true")
     pr.set_defaults(fn=cmd_profile)
 

@@ -22,9 +22,8 @@ from rich.panel import Panel
 from rich.text import Text
 
 from goblin_assets.agent.events import AgentEvent, FinalReport, Thought, ToolCall, ToolResult
+from goblin_assets.cli_common import add_settings_options, console, open_session, out
 
-console = Console(stderr=True)
-out = Console()
 
 
 def _gist(content: str, width: int = 160) -> str:
@@ -53,15 +52,12 @@ def show_event(ev: AgentEvent, con: Console = out) -> None:
 
 def cmd_chat(args: argparse.Namespace) -> int:
     """``goblin chat``: run the agent over a workload; 0 on a final report, 2 when the model failed."""
-    from goblin_assets.agent import AuditSession, make_backend, run_agent
-    from goblin_assets.runners.base import make_runner
-    from goblin_assets.runners.workload import load_workload
+    from goblin_assets.agent import run_agent
+    from goblin_assets.agent.factory import make_backend
 
     backend = make_backend(args.base_url, args.model)
-    wl = load_workload(args.path)
-    session = AuditSession.start(wl, make_runner("local", timeout_s=args.timeout), steps=args.steps,
-                                 bench_steps=args.bench_steps, repeats=args.repeats,
-                                 log=lambda s: console.print(f"[dim]{s}[/dim]", highlight=False))
+    session = open_session(args)
+    wl = session.workload
     if not args.json:
         console.print(f"[dim]goblin chat: {wl.name} with {backend.name}[/dim]", highlight=False)
     code = 0
@@ -86,10 +82,7 @@ def add_chat_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
                    help="OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1 (default $GOBLIN_LLM_BASE_URL; "
                         "none: the offline planner)")
     c.add_argument("--model", default=None, help="model name on that server (default $GOBLIN_LLM_MODEL)")
-    c.add_argument("--steps", type=int, default=10, help="profiled steps (after 2 warm-up steps)")
-    c.add_argument("--bench-steps", type=int, default=20, help="timed steps per benchmark repeat")
-    c.add_argument("--repeats", type=int, default=3, help="alternating benchmark repeats per arm")
-    c.add_argument("--timeout", type=float, default=600.0, help="wall-clock limit per child run, seconds")
+    add_settings_options(c)
     c.add_argument("--json", action="store_true", help="print the events as JSON lines")
     c.set_defaults(fn=cmd_chat)
     return c

@@ -17,14 +17,12 @@ import sys
 from collections import Counter
 from typing import Any
 
-from rich.console import Console
 from rich.table import Table
 
+from goblin_assets.cli_common import console, out
 from goblin_assets.contracts import Rule
 from goblin_assets.errors import KBError
 
-console = Console(stderr=True)
-out = Console()
 
 
 def rule_json(rule: Rule, score: float | None = None) -> dict[str, Any]:
@@ -64,10 +62,11 @@ def cmd_kb_search(args: argparse.Namespace) -> int:
     """``goblin kb search``: the rules closest to a symptom, best first (exit 2 on a bad KB)."""
     from goblin_assets.audit.kb import load_kb
     from goblin_assets.audit.retrieval import query_rocm_kb
+    from goblin_assets.cli_common import cached_kb_index
 
     try:
         kb = load_kb(args.kb)
-        hits = query_rocm_kb(args.symptom, top_k=args.top_k, kb=kb)
+        hits = query_rocm_kb(args.symptom, top_k=args.top_k, kb=kb, index=cached_kb_index(kb))
     except KBError as exc:
         return _error("search", exc)
     if args.json:

@@ -17,11 +17,10 @@ import argparse
 import json
 import sys
 
-from rich.console import Console
 from rich.table import Table
 
-console = Console(stderr=True)
-out = Console()
+from goblin_assets.cli_common import console, out
+
 
 
 def _shapes(text: str) -> tuple[tuple[int, int, int], ...]:

@@ -116,6 +116,14 @@ WASTE_BUCKETS: tuple[str, ...] = (
     "kernel_shape",
 )
 
+#: Findings the tensor miners write to the ``patterns`` table, readable in detect conditions as
+#: ``patterns.<site>.<finding>`` (goblin_assets/opscope/miner.py: the per-site rule table and the
+#: cross-step stationarity).
+PATTERN_FINDINGS: tuple[str, ...] = (
+    "sparse_gemm", "int_quant", "quantize_lut", "delta_compute", "positional", "dense_not_observable",
+    "stationary", "drifting",
+)
+
 BucketStatus = Literal["measured", "estimated", "not_observable"]
 
 
@@ -334,3 +342,6 @@ class Patch(BaseModel):
     rule_consistency: float = 1.0
     consistency_notes: list[str] = Field(default_factory=list)
     patched_file: str | None = None
+    #: The resolved change-set the patch was written from, as data (``audit.changeset.ChangeSet.model_dump``;
+    #: ``ChangeSet.model_validate`` reads it back, ``ChangeSet.without`` re-resolves it without rules).
+    change_set: dict[str, Any] | None = None

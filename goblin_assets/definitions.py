@@ -50,6 +50,6 @@ defs = dg.Definitions(
     sensors=[workload_folders_sensor, automation_sensor],
     schedules=[observe_rocm_image_daily],
     jobs=[observe_rocm_image_job],
-    resources={"runner": runner_from_env(), "duckdb": warehouse_resource()},
+    resources={"runner": runner_from_env(), "warehouse": warehouse_resource()},
     executor=EXECUTOR,
 )

@@ -1,6 +1,16 @@
-"""Shared fixtures: a private GOBLIN_HOME (warehouse, runs, caches) per test."""
+"""Shared fixtures: a private GOBLIN_HOME (warehouse, runs, caches) per test; the host facts every test sees.
+
+Hermetic host: the suite never reads this machine's CPU flags, core count or
+accelerators.  ``GOBLIN_HOST_FACTS`` is set here, for the whole session and
+for every child process it starts (workload runs, ``goblin`` subprocesses,
+Dagster step processes), to :data:`TEST_HOST`: a 2-core CPU without bf16
+matrix instructions.  A test that needs another host says so with
+``goblin_assets.host.use_host`` (or a HostFacts of its own).  Package versions
+stay the installed ones: the lock file decides them, not the machine.
+"""
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -11,6 +21,21 @@ WORKLOADS = REPO / "workloads"
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+#: The host every test runs on, whatever the machine is (set before goblin_assets reads it).
+TEST_HOST = {"cores": 2, "online_cpus": 2, "affinity_cpus": 2, "numa_nodes": 1, "amx_bf16": False,
+             "avx512_bf16": False, "devices": []}
+os.environ["GOBLIN_HOST_FACTS"] = json.dumps(TEST_HOST)
+
+
+def dagster_resources(db: Path, **runner_settings) -> dict:
+    """The Definitions' resources for a test: a local runner with ``runner_settings`` and a warehouse at ``db``."""
+    from dagster_duckdb import DuckDBResource
+
+    from goblin_assets.defs.resources import LocalRunnerResource, WarehouseResource
+
+    return {"runner": LocalRunnerResource(**runner_settings),
+            "warehouse": WarehouseResource(duckdb=DuckDBResource(database=str(db)))}
 
 
 @pytest.fixture

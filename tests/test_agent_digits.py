@@ -1,10 +1,10 @@
-"""The offline agent's full audit of workloads/digits_mlp matches the pipeline's report; the chat asset.
+"""The offline agent's full audit of workloads/digits_mlp matches the audit session's report; the chat asset.
 
-The pipeline audits first (few steps); ``goblin chat`` then audits the same
+The audit session runs first (few steps); ``goblin chat`` then audits the same
 workload offline in the same GOBLIN_HOME, so its benchmark is a cache hit:
 the rules fired, the patch and the benchmark numbers must be identical, and
 so must the report text once the fields measured by the two (separate)
-profiled runs are taken from the pipeline's report.
+profiled runs are taken from the first audit's report.
 """
 from __future__ import annotations
 
@@ -13,21 +13,21 @@ import json
 import dagster as dg
 import pytest
 
-from goblin_assets.agent import CANONICAL_ORDER, AuditSession
+from goblin_assets.agent import CANONICAL_ORDER
 from goblin_assets.audit import benchmark as benchmark_module
 from goblin_assets.audit.kb import load_kb
-from goblin_assets.audit.pipeline import run_audit
+from goblin_assets.audit.session import AuditSession
 from goblin_assets.audit.report import render_markdown
 from goblin_assets.cli import main
 from goblin_assets.defs.agent import ConversationConfig, audit_conversation
-from goblin_assets.defs.resources import RunnerResource
-from goblin_assets.runners.local import LocalRunner
+from goblin_assets.defs.resources import LocalRunnerResource
+from goblin_assets.settings import AuditSettings
 from goblin_assets.runners.workload import load_workload
 from tests.conftest import WORKLOADS
 
 pytestmark = pytest.mark.slow
 
-STEPS = dict(steps=3, bench_steps=8, repeats=1)
+SETTINGS = AuditSettings(profiled_steps=3, bench_steps=8, bench_repeats=1, sketch_steps=2, timeout_s=300)
 
 #: AuditReport fields that come from a profiled run (measured anew by each audit) or the clock.
 PROFILED = ("buckets", "metrics", "before_step_time_s", "after_step_time_s", "predicted_low", "predicted_high",
@@ -37,7 +37,7 @@ PROFILED = ("buckets", "metrics", "before_step_time_s", "after_step_time_s", "pr
 
 @pytest.fixture(scope="module")
 def pipeline_audit(tmp_path_factory):
-    """run_audit of digits_mlp in a private GOBLIN_HOME, kept for the module's tests.
+    """The audit session of digits_mlp, every stage run, in a private GOBLIN_HOME, kept for the module's tests.
 
     The benchmark cache key's image tag and runner-code hash are pinned for the module: on a
     machine where someone edits goblin_assets/runners meanwhile, the second audit would
@@ -47,8 +47,7 @@ def pipeline_audit(tmp_path_factory):
         mp.setenv("GOBLIN_HOME", str(tmp_path_factory.mktemp("agent_home")))
         mp.setenv("GOBLIN_ROCM_IMAGE", "rocm/pytorch:test-agent")
         mp.setattr(benchmark_module, "runner_code_hash", lambda h=benchmark_module.runner_code_hash(): h)
-        yield run_audit(load_workload(WORKLOADS / "digits_mlp"), LocalRunner(timeout_s=300), sketch_steps=2,
-                        log=lambda s: None, **STEPS)
+        yield AuditSession.open(load_workload(WORKLOADS / "digits_mlp"), settings=SETTINGS).run_all()
 
 
 def test_goblin_chat_offline_matches_the_pipeline_report(pipeline_audit, capsys, monkeypatch):
@@ -56,13 +55,13 @@ def test_goblin_chat_offline_matches_the_pipeline_report(pipeline_audit, capsys,
     for var in ("GOBLIN_LLM_BASE_URL", "GOBLIN_LLM_MODEL"):
         monkeypatch.delenv(var, raising=False)
     sessions: list[AuditSession] = []
-    start = AuditSession.start.__func__
+    start = AuditSession.open.__func__
 
     def capture(cls, *a, **kw):
         sessions.append(start(cls, *a, **kw))
         return sessions[-1]
 
-    monkeypatch.setattr(AuditSession, "start", classmethod(capture))
+    monkeypatch.setattr(AuditSession, "open", classmethod(capture))
     code = main(["chat", str(WORKLOADS / "digits_mlp"), "--steps", "3", "--bench-steps", "8", "--repeats", "1",
                  "--json"])
     assert code == 0
@@ -71,45 +70,53 @@ def test_goblin_chat_offline_matches_the_pipeline_report(pipeline_audit, capsys,
     assert all(e["ok"] for e in events if e["kind"] == "tool_result")
     final = events[-1]
     assert final["kind"] == "final_report" and not final["capped"] and final["model_error"] is None
-    assert final["text"].startswith(f"Measured speedup {res.report.measured_speedup:.2f}x")
+    assert final["text"].startswith(f"Measured speedup {res.audit_report().measured_speedup:.2f}x")
     assert "data.loader_workers_with_threads" in final["text"] and "hold only for workload digits_mlp" in final["text"]
 
     s = sessions[0]
     fired = lambda ms: [m.rule_id for m in ms if m.fired]  # noqa: E731
-    assert fired(s.matches) == fired(res.matches) == ["data.loader_workers_with_threads"]
-    assert s.patch.diff == res.patch.diff and s.patch.new_config == res.patch.new_config
-    assert [a.rule_id for a in s.patch.applied] == [a.rule_id for a in res.patch.applied]
+    assert fired(s.kb_matches()) == fired(res.kb_matches()) == ["data.loader_workers_with_threads"]
+    assert s.patch().diff == res.patch().diff and s.patch().new_config == res.patch().new_config
+    assert [a.rule_id for a in s.patch().applied] == [a.rule_id for a in res.patch().applied]
     for arm in ("baseline", "patched"):   # the second benchmark is the first one, from the cache
-        assert s.bench[arm].cache_hit and s.bench[arm].throughputs == res.bench[arm].throughputs
-        assert s.bench[arm].cache_key == res.bench[arm].cache_key
-    rep = s.report
-    assert rep.measured_speedup == res.report.measured_speedup and rep.cache_hits == ["baseline", "patched"]
-    # the report text is the pipeline's, once the fields of the profiled runs are the pipeline's too
+        assert s.benchmarks()[arm].cache_hit and s.benchmarks()[arm].throughputs == res.benchmarks()[arm].throughputs
+        assert s.benchmarks()[arm].cache_key == res.benchmarks()[arm].cache_key
+    rep, res_rep = s.audit_report(), res.audit_report()
+    assert rep.measured_speedup == res_rep.measured_speedup and rep.cache_hits == ["baseline", "patched"]
+    # the report text is the first audit's, once the fields of the profiled runs are the pipeline's too
     assert final["report_markdown"] == render_markdown(rep, "report.png")
     same = rep.model_copy(update={
-        **{f: getattr(res.report, f) for f in PROFILED},
+        **{f: getattr(res_rep, f) for f in PROFILED},
         "applied": [a.model_copy(update={"predicted_recovery": b.predicted_recovery})
-                    for a, b in zip(rep.applied, res.report.applied)]})
-    assert render_markdown(same, "report.png") == res.markdown
+                    for a, b in zip(rep.applied, res_rep.applied)]})
+    assert render_markdown(same, "report.png") == render_markdown(res_rep, "report.png")
 
 
 def test_audit_conversation_asset_over_a_materialized_audit(pipeline_audit, monkeypatch):
     res = pipeline_audit
     monkeypatch.delenv("GOBLIN_LLM_BASE_URL", raising=False)
 
-    class NoRuns(RunnerResource):
-        def get_runner(self):  # seeded from the audit: the conversation must run no stage again
-            return None
+    class Refuse:
+        kind = "local"
+
+        def run(self, *a, **kw):
+            raise AssertionError("the conversation ran a stage again")
+
+    class NoRuns(LocalRunnerResource):
+        def get_runner(self, workload=None):  # seeded from the audit: the conversation must run no stage again
+            return Refuse()
 
     ctx = dg.build_asset_context(partition_key="digits_mlp")
     out = audit_conversation(
-        ctx, config=ConversationConfig(), audit_report=res.report, training_config=res.config,
-        profile_run=res.before, kb_matches=res.matches, patch=res.patch, benchmark_baseline=res.bench["baseline"],
-        benchmark_patched=(res.bench["patched"], res.after), workload_source=res.workload, kb_rules=load_kb(),
+        ctx, config=ConversationConfig(), audit_report=res.audit_report(), training_config=res.training_config(),
+        profile_run=res.profile_run(), kb_matches=res.kb_matches(), patch=res.patch(),
+        benchmark_baseline=res.benchmarks()["baseline"], benchmark_patched=(res.benchmarks()["patched"],
+                                                                            res.patched_run()),
+        workload_source=res.workload, kb_rules=load_kb(),
         runner=NoRuns())
     md = out.metadata["transcript"].value
     for name in CANONICAL_ORDER:
         assert f"`{name}`" in md
     assert "## Final report (offline planner (no model), 6 tool calls)" in md
-    assert f"Measured speedup {res.report.measured_speedup:.2f}x" in md and "```diff" in md
+    assert f"Measured speedup {res.audit_report().measured_speedup:.2f}x" in md and "```diff" in md
     assert out.metadata["tool_calls"] == 6 and out.metadata["model_error"] == ""

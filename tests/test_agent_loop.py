@@ -151,8 +151,7 @@ def fake_tools():
 @pytest.fixture
 def session(tmp_path) -> AuditSession:
     """A session on digits_mlp that must never run anything (the fake tools do not use it)."""
-    return AuditSession(workload=load_workload(WORKLOADS / "digits_mlp"), runner=None, kb=load_kb(),
-                        out_dir=tmp_path / "out")
+    return AuditSession.open(load_workload(WORKLOADS / "digits_mlp"), kb=load_kb(), out_dir=tmp_path / "out")
 
 
 def kinds(events) -> list[str]:
@@ -324,16 +323,16 @@ def test_arguments_are_checked_against_the_schema(fake_tools, session):
 def test_what_if_variant_is_a_copy_of_the_users_file(tmp_path):
     wl = load_workload(WORKLOADS / "digits_mlp")
     before = wl.script.read_text()
-    s = AuditSession(workload=wl, runner=None, kb=load_kb(), out_dir=tmp_path / "out")
-    v = s.variant({"batch_size": 128})
-    assert v is s.variant({"batch_size": 128}) and s.variant({"batch_size": 64}) is s  # same or no change
-    assert v.need_config().batch_size == 128 and v.overrides == {"batch_size": 128}
+    s = AuditSession.open(wl, kb=load_kb(), out_dir=tmp_path / "out")
+    v = s.what_if({"batch_size": 128})
+    assert v is s.what_if({"batch_size": 128}) and s.what_if({"batch_size": 64}) is s  # same or no change
+    assert v.training_config().batch_size == 128 and v.overrides == {"batch_size": 128}
     assert "-" in v.whatif_diff and "128" in v.whatif_diff and v.workload.root.is_relative_to(tmp_path)
     assert wl.script.read_text() == before                                       # the user's file is untouched
     with pytest.raises(ToolInputError, match="unknown field"):
-        s.variant({"batch": 128})
+        s.what_if({"batch": 128})
     with pytest.raises(ToolInputError, match="overrides.batch_size"):
-        s.variant({"batch_size": "big"})
+        s.what_if({"batch_size": "big"})
 
 
 def test_goblin_chat_cli_with_a_model_server(capsys, monkeypatch):
@@ -387,7 +386,8 @@ def test_agent_states_the_speedup_as_the_report_prints_it(speedup):
                           baseline_throughput=780.8, patched_throughput=1096.8, throughput_unit="samples/s",
                           cache_hits=[], buckets=[], applied=[], workload="digits_mlp", model="MLP", device="cpu",
                           accelerator_version="none (CPU)", torch_version="2.13.0", batch_shape="batch_size=64")
-    s = SimpleNamespace(need_report=lambda: rep, overrides=None, report_path=None)
+    s = SimpleNamespace(audit_report=lambda: rep, patch=lambda: SimpleNamespace(applied=[]), overrides=None,
+                        report_path=None)
     summary = report_summary(s)
     planner = OfflinePlanner()
     planner.results = {"compare_runs": {"ok": True, **summary}}

@@ -9,18 +9,17 @@ from __future__ import annotations
 import dagster as dg
 import pandas as pd
 import pytest
-from dagster_duckdb import DuckDBResource
 
 from goblin_assets.defs.mining import MINING_ASSETS
 from goblin_assets.defs.opscope import DRIVERS, GATE_CHECK, OPSCOPE_ASSETS
-from goblin_assets.defs.resources import RunnerResource
 from goblin_assets.opscope import drivers
 from goblin_assets.opscope.inject import Gate
 from goblin_assets.warehouse.db import query
+from tests.conftest import dagster_resources
 
 
 def _resources(tmp_path):
-    return {"runner": RunnerResource(device="cpu"), "duckdb": DuckDBResource(database=str(tmp_path / "wh.duckdb"))}
+    return dagster_resources(tmp_path / "wh.duckdb", device="cpu")
 
 
 def test_every_driver_asset_has_a_blocking_gate_check():

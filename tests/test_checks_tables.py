@@ -7,7 +7,7 @@ import pytest
 from goblin_assets.definitions import defs
 from goblin_assets.defs.checks import TABLE_ASSETS, validate_rows
 
-TABLE_SHAPED = {("profile_run", "kernels"), ("waste_budget", "waste_budget"), ("tensor_sketches", "sketches"),
+TABLE_SHAPED = {("training_config", "configs"), ("profile_run", "kernels"), ("waste_budget", "waste_budget"), ("tensor_sketches", "sketches"),
                 ("mined_patterns", "patterns"), ("benchmark_baseline", "benchmarks")}
 
 
@@ -37,9 +37,9 @@ def test_validate_rows(frame, expected, ok):
 
 
 def test_benchmark_rows_must_be_positive_and_labelled():
-    row = {"audit_id": "a", "workload": "w", "label": "baseline", "repeat": 0, "throughput": 0.0, "unit": "samples",
-           "median": 1.0, "spread": 0.0, "steps": 8, "cache_key": "k", "cache_hit": False, "provenance": "measured"}
-    res = validate_rows("benchmarks", pd.DataFrame([row, {**row, "label": "tuned", "throughput": 2.0}]))
+    row = {"audit_id": "a", "workload": "w", "label": "baseline", "repeat": 0, "throughput_per_s": 0.0,
+           "unit": "samples", "median_per_s": 1.0, "spread_per_s": 0.0, "steps": 8, "cache_key": "k", "cache_hit": False, "provenance": "measured"}
+    res = validate_rows("benchmarks", pd.DataFrame([row, {**row, "label": "tuned", "throughput_per_s": 2.0}]))
     assert not res.passed
     cases = {c["column"] for c in res.metadata["failure_cases"].value}
-    assert cases == {"throughput", "label"}
+    assert cases == {"throughput_per_s", "label"}

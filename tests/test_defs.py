@@ -1,15 +1,18 @@
 """The Dagster code location: loads, has the stages with their lineage, materializes digits_mlp."""
 from __future__ import annotations
 
+import json
+
 import dagster as dg
 import pytest
-from dagster_duckdb import DuckDBResource
 
 from goblin_assets.definitions import defs
 from goblin_assets.audit.corpus import scenarios
 from goblin_assets.defs.partitions import workload_folders_sensor, workload_names, workloads_partitions
-from goblin_assets.defs.resources import RunnerResource
-from goblin_assets.warehouse.db import query
+from goblin_assets.warehouse.db import connect, query
+from goblin_assets.warehouse.sql_models import build_model, load_models
+from goblin_assets.cli import main
+from tests.conftest import WORKLOADS, dagster_resources
 
 STAGES = ["workload_source", "training_config", "profile_run", "waste_budget", "tensor_sketches", "mined_patterns",
           "kb_rules", "kb_index", "kb_matches", "patch", "benchmark_baseline", "benchmark_patched", "audit_report"]
@@ -37,9 +40,9 @@ def test_every_stage_is_an_asset():
 @pytest.mark.parametrize("child,parents", [
     ("training_config", {"workload_source"}),
     ("profile_run", {"workload_source", "rocm_image"}),
-    ("waste_budget", {"profile_run"}),
+    ("waste_budget", {"profile_run", "workload_source"}),
     ("tensor_sketches", {"workload_source", "profile_run"}),
-    ("mined_patterns", {"tensor_sketches"}),
+    ("mined_patterns", {"tensor_sketches", "workload_source"}),
     ("kb_index", {"kb_rules"}),
     # workload_source: a replay's rules are checked in its recorded environment (environment.yaml)
     ("kb_matches", {"training_config", "profile_run", "waste_budget", "mined_patterns", "kb_rules", "kb_index",
@@ -66,13 +69,20 @@ def test_sensor_adds_workload_partitions():
 
 
 @pytest.mark.slow
-def test_materialize_digits_partition_in_process(tmp_path, monkeypatch):
+def test_materialize_digits_partition_in_process_and_the_cli_agrees(tmp_path, monkeypatch, capsys):
+    """digits_mlp through Dagster, then through ``goblin audit``: same config rows, fired rules and patch.
+
+    The benchmark cache key's runner-code hash is pinned: someone editing goblin_assets/runners meanwhile
+    would (rightly) make the second audit miss the cache.
+    """
+    from goblin_assets.audit import benchmark as benchmark_module
+
+    monkeypatch.setattr(benchmark_module, "runner_code_hash", lambda h=benchmark_module.runner_code_hash(): h)
     monkeypatch.setenv("GOBLIN_HOME", str(tmp_path / "home"))
     db = tmp_path / "wh.duckdb"
     instance = dg.DagsterInstance.ephemeral()
     instance.add_dynamic_partitions(workloads_partitions.name, ["digits_mlp"])
-    resources = {"runner": RunnerResource(profiled_steps=3, bench_steps=8, bench_repeats=1, sketch_steps=2),
-                 "duckdb": DuckDBResource(database=str(db))}
+    resources = dagster_resources(db, profiled_steps=3, bench_steps=8, bench_repeats=1, sketch_steps=2)
     assets = [*defs.assets, *defs.asset_checks]
     assert dg.materialize(assets, selection=["kb_rules", "kb_index"], instance=instance, resources=resources).success
     graph = _graph()
@@ -83,10 +93,30 @@ def test_materialize_digits_partition_in_process(tmp_path, monkeypatch):
     assert res.success
     checks = {e.check_name: e.passed for e in res.get_asset_check_evaluations()}
     assert checks == {
-        "kernels_schema": True, "waste_budget_schema": True, "sketches_schema": True, "patterns_schema": True,
+        "configs_schema": True, "kernels_schema": True, "waste_budget_schema": True, "sketches_schema": True, "patterns_schema": True,
         "benchmarks_schema": True, "waste_budget_sums_to_step_time": True}
     meta = res.asset_materializations_for_node("audit_report")[-1].metadata
     assert "Measured speedup" in meta["report"].value and "```diff" in meta["report"].value
     assert meta["measured_speedup"].value > 1.0
-    for t in ("runs", "kernels", "waste_budget", "sketches", "patterns", "kb_matches", "benchmarks", "audits"):
+    for t in ("configs", "runs", "kernels", "waste_budget", "sketches", "patterns", "kb_matches", "benchmarks", "audits"):
         assert query(f"SELECT count(*) n FROM {t}", db).n[0] > 0, t
+    # config -> runs -> sketches -> patterns -> kb_matches -> benchmarks is one lineage in SQL
+    with connect(db) as con:
+        for model in load_models():
+            build_model(con, model)
+    row = query("SELECT * FROM audit_lineage", db).iloc[0]
+    assert row.config_fields == 15 and row.sketch_rows > 0 and row.patterns > 0 and row.rules_fired == 1
+    assert row.baseline_median_per_s > 0 and row.sketch_run_id.endswith("-sketch") and row.provenance == "measured"
+
+    # the same audit through the CLI (same settings, same GOBLIN_HOME: its benchmark is a cache hit)
+    assert main(["audit", str(WORKLOADS / "digits_mlp"), "--steps", "3", "--bench-steps", "8", "--repeats", "1",
+                 "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    cli_db = tmp_path / "home" / "warehouse.duckdb"
+    config_rows = "SELECT * EXCLUDE (audit_id) FROM configs ORDER BY field"
+    assert query(config_rows, cli_db).equals(query(config_rows, db))
+    fired = "SELECT rule_id FROM kb_matches WHERE fired ORDER BY rule_id"
+    assert query(fired, cli_db).rule_id.tolist() == query(fired, db).rule_id.tolist() == doc["fired_rules"]
+    dg_audit = query("SELECT rules, diff FROM audits", db).iloc[0]
+    assert doc["rules"] == dg_audit["rules"].split(",") and doc["diff"] == dg_audit["diff"]
+    assert doc["benchmark"]["baseline"]["cache_hit"] and doc["benchmark"]["patched"]["cache_hit"]

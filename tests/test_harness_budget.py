@@ -31,5 +31,5 @@ def test_trainer_max_steps_is_capped_to_the_budget(tmp_path, monkeypatch):
     assert raw.ok, raw.failure
     # warm-up 1 + 2 measured steps; a script's own smaller max_steps is kept
     assert "max_steps 3 2 3" in raw.stderr_tail
-    assert len(raw.result["per_step"]) == 2
-    assert all(p["batches"] == 0 for p in raw.result["per_step"])  # no DataLoader in this script
+    assert len(raw.result.per_step) == 2
+    assert all(p.batches == 0 for p in raw.result.per_step)  # no DataLoader in this script

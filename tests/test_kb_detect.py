@@ -4,11 +4,15 @@ from __future__ import annotations
 import pytest
 
 from goblin_assets.audit.kb import (
-    check_condition, detect_context, eval_fix_value, kernel_kind_pct, load_kb, match_rules, version_at_least,
+    check_condition, detect_context, eval_fix_value, load_kb, match_rules, version_at_least,
 )
 from goblin_assets.contracts import ConfigDict, KernelShare, RunMetrics, RunProvenance, WasteBucket
+from goblin_assets.host import HostFacts
+from goblin_assets.runners.categories import category_pct
 
-NO_AMX = {"online_cpus": 2, "affinity_cpus": 2, "numa_nodes": 1, "amx_bf16": False}
+NO_AMX = HostFacts(source="set", cores=2, online_cpus=2, affinity_cpus=2, numa_nodes=1, amx_bf16=False,
+                   avx512_bf16=False)
+AMX = NO_AMX.model_copy(update={"amx_bf16": True})
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +31,7 @@ def run(shares: dict[str, float], *, step_s: float = 0.1, hip: str | None = None
 
 
 def fired(kb, config: ConfigDict, metrics: RunMetrics, env=None, cores=2, host=NO_AMX, packages=None) -> set[str]:
-    ctx = detect_context(config, metrics, env=env or {}, cores=cores, host=host, packages=packages or {})
+    ctx = detect_context(config, metrics, host, env=env or {}, cores=cores, packages=packages or {})
     return {m.rule_id for m in match_rules(kb, ctx) if m.fired}
 
 
@@ -39,8 +43,7 @@ def test_digits_style_cpu_run_fires_only_the_loader_rule(kb):
     got = fired(kb, DIGITS, run(DIGITS_RUN))
     assert got == {"data.loader_workers_with_threads"}
     # even on an AMX CPU an input-bound run is left to the data rule, not to precision
-    amx = {**NO_AMX, "amx_bf16": True}
-    assert not {r for r in fired(kb, DIGITS, run(DIGITS_RUN), host=amx) if r.startswith("precision.")}
+    assert not {r for r in fired(kb, DIGITS, run(DIGITS_RUN), host=AMX) if r.startswith("precision.")}
     # the loader rule's transform sizes workers and threads together (2 cores: 2 workers, 1 thread)
     rule = kb.by_id["data.loader_workers_with_threads"]
     names = {"cores": 2, **DIGITS.values()}
@@ -56,7 +59,7 @@ def test_loader_rule_does_not_fire_without_data_wait(kb):
 
 def test_compute_bound_fp32_cpu_on_amx_gets_bf16(kb):
     compute_bound = {"useful": 0.9, "data_wait": 0.05, "host_gap": 0.05}
-    got = fired(kb, DIGITS, run(compute_bound), host={**NO_AMX, "amx_bf16": True})
+    got = fired(kb, DIGITS, run(compute_bound), host=AMX)
     assert "precision.cpu_bf16_amx" in got
     assert "precision.bf16_on_mi300x" not in got  # a GPU rule
 
@@ -118,7 +121,7 @@ def test_version_minimum_gates_firing(kb):
     new = run({"useful": 0.8, "kernel_shape": 0.2}, hip="6.2.41133", torch="2.4.1", top_kernels=gemm)
     assert "kernels.tunableop_gemm_bound" in fired(kb, cfg, new)
     assert "kernels.tunableop_gemm_bound" not in fired(kb, cfg, old)
-    ctx = detect_context(cfg, old, env={}, cores=8, host=NO_AMX, packages={})
+    ctx = detect_context(cfg, old, NO_AMX, env={}, cores=8, packages={})
     m = next(m for m in match_rules(kb, ctx) if m.rule_id == "kernels.tunableop_gemm_bound")
     assert "torch_version_min 2.3" in m.reason and m.detect_score == 1.0
 
@@ -152,9 +155,9 @@ def test_kernel_kinds_from_top_kernels():
         KernelShare(name="ncclDevKernel_AllReduce_Sum_bf16_RING_LL", pct_time=15.0),
         KernelShare(name="attn_fwd", pct_time=5.0),
     ])
-    pct = {k: v["pct"] for k, v in kernel_kind_pct(m).items()}
+    pct = {k: v["pct"] for k, v in category_pct(m).items()}
     assert pct["gemm"] == 50.0 and pct["conv"] == 20.0 and pct["collective"] == 15.0 and pct["attention"] == 5.0
-    assert kernel_kind_pct(RunMetrics()) == {}  # no kernels: kernels.* is "not available", not 0 %
+    assert category_pct(RunMetrics()) == {}  # no kernels: kernels.* is "not available", not 0 %
 
 
 def test_threads_beyond_pinned_cpus(kb):
@@ -163,3 +166,21 @@ def test_threads_beyond_pinned_cpus(kb):
     assert "topology.threads_exceed_pinned_cpus" in got
     assert eval_fix_value(kb.by_id["topology.threads_exceed_pinned_cpus"].fix.config["intra_op_threads"],
                           {"cores": 4}) == 4
+
+
+def test_mined_patterns_are_evidence_rules_can_read():
+    """``patterns.<site>.<finding>``: the highest score of a finding at a site (dotted module paths), or anywhere."""
+    import pandas as pd
+
+    from goblin_assets.audit.kb import _check_condition_paths
+
+    pats = pd.DataFrame({"site": ["encoder.layer.0.query", "encoder.layer.0.query", "linear_1"],
+                         "role": ["lhs", "rhs", "lhs"], "finding": ["sparse_gemm", "stationary", "sparse_gemm"],
+                         "score": [0.62, 1.0, 0.48]})
+    ctx = detect_context(DIGITS, run(DIGITS_RUN), NO_AMX, patterns=pats)
+    assert check_condition("patterns.encoder.layer.0.query.sparse_gemm > 0.6", ctx)[0]
+    assert check_condition("patterns.any.sparse_gemm == 0.62", ctx)[0]
+    assert check_condition("patterns.linear_1.int_quant == 0", ctx)[0]   # mined, but not that finding
+    held, why = check_condition("patterns.any.sparse_gemm > 0.1", detect_context(DIGITS, run(DIGITS_RUN), NO_AMX))
+    assert not held and "not available" in why                        # nothing mined (a replay): never a guess
+    assert "finding of" in _check_condition_paths("patterns.linear_1.sparsity > 0.5")

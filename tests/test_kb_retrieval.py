@@ -6,13 +6,14 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from goblin_assets.audit import retrieval
 from goblin_assets.audit.kb import load_kb
 from goblin_assets.cli_kb import add_kb_parser
 from goblin_assets.contracts import ConfigDict, RunMetrics, WasteBucket
-from goblin_assets.warehouse.db import connect
+from goblin_assets.warehouse.db import connect, query, write
 
 #: (what a user says, the rule it should surface in the top 5)
 CASES = [
@@ -84,7 +85,7 @@ def test_cases_name_real_rules(kb):
 
 def test_recall_at_5(kb, warehouse):
     misses = []
-    all_scores = retrieval.retrieval_scores_many(kb, [text for text, _ in CASES])  # one batch: fast
+    all_scores = retrieval.retrieval_scores_many(retrieval.index_for(kb), [text for text, _ in CASES])  # one batch
     for (text, want), scores in zip(CASES, all_scores):
         got = sorted(scores, key=lambda rid: -scores[rid])[:5]
         if want not in got:
@@ -98,13 +99,9 @@ def test_query_is_ranked_and_scores_cover_every_rule(kb, warehouse):
     scores = [s for _, s in hits]
     assert len(hits) == 7 and scores == sorted(scores, reverse=True)
     assert all(-1.0 <= s <= 1.0 for s in scores)
-    all_scores = retrieval.retrieval_scores(kb, "GPU sits idle between steps")
+    all_scores = retrieval.retrieval_scores(retrieval.index_for(kb), "GPU sits idle between steps")
     assert set(all_scores) == set(kb.by_id)
     assert max(all_scores.values()) == pytest.approx(scores[0], abs=1e-5)
-    # the first query filled the warehouse cache for this KB version
-    with connect() as con:
-        n = con.execute("SELECT count(*) FROM kb_embeddings WHERE kb_sha256 = ?", [kb.sha256]).fetchone()[0]
-    assert n == len(kb.rules)
 
 
 def test_run_symptoms_names_the_big_buckets():
@@ -125,9 +122,18 @@ def test_kb_search_json(kb, warehouse, capsys):
         assert {"id", "score", "category", "symptom", "fix", "citation"} <= set(row)
         assert row["citation"]["url"].startswith("https://")
         assert row["fix"] == {k: v for k, v in kb.by_id[row["id"]].fix.model_dump().items() if v}
+    # the search filled the warehouse's embedding cache for this KB version (retrieval itself never opens it)
+    with connect() as con:
+        n = con.execute("SELECT count(*) FROM kb_embeddings WHERE kb_sha256 = ?", [kb.sha256]).fetchone()[0]
+    assert n == len(kb.rules)
 
 
 # ------------------------------------------------------------------ cache (no model needed)
+
+def _cached(db: Path, kb) -> "pd.DataFrame":
+    return query("SELECT * FROM kb_embeddings WHERE kb_sha256 = ? AND model = ?", db,
+                 params=[kb.sha256, retrieval.MODEL_NAME])
+
 
 def test_embedding_cache_is_keyed_by_kb_hash(kb, tmp_path: Path, monkeypatch):
     calls = []
@@ -139,14 +145,15 @@ def test_embedding_cache_is_keyed_by_kb_hash(kb, tmp_path: Path, monkeypatch):
         return v / np.linalg.norm(v, axis=1, keepdims=True)
 
     monkeypatch.setattr(retrieval, "_encode_kb", fake_encode)
-    with connect(tmp_path / "w.duckdb") as con:
-        first = retrieval.kb_index(kb, con)
-        second = retrieval.kb_index(kb, con)
-        rows = con.execute("SELECT count(*), count(DISTINCT rule_id), min(dim) FROM kb_embeddings "
-                           "WHERE kb_sha256 = ?", [kb.sha256]).fetchone()
+    db = tmp_path / "w.duckdb"
+    first = retrieval.kb_index(kb, _cached(db, kb))
+    write({"kb_embeddings": retrieval.embedding_frame(kb, first)}, db)
+    second = retrieval.kb_index(kb, _cached(db, kb))
+    rows = query("SELECT count(*) AS n, count(DISTINCT rule_id) AS ids, min(dim) AS dim FROM kb_embeddings "
+                 "WHERE kb_sha256 = ?", db, params=[kb.sha256]).iloc[0].tolist()
     assert (first.from_cache, second.from_cache) == (False, True)
-    assert calls == [kb.sha256]  # the second call read the table and did not re-embed
-    assert rows == (len(kb.rules), len(kb.rules), 384)
+    assert calls == [kb.sha256]  # the second call read the rows and did not re-embed
+    assert rows == [len(kb.rules), len(kb.rules), 384]
     assert second.rule_ids == first.rule_ids == [r.id for r in kb.rules]
     np.testing.assert_allclose(second.vectors, first.vectors, atol=1e-6)
 
@@ -155,19 +162,16 @@ def test_embedding_cache_is_keyed_by_kb_hash(kb, tmp_path: Path, monkeypatch):
     f.write_text(kb.path.read_text() + "\n# edited\n")
     kb2 = load_kb(f)
     assert kb2.sha256 != kb.sha256
-    with connect(tmp_path / "w.duckdb") as con:
-        third = retrieval.kb_index(kb2, con)
-        total = con.execute("SELECT count(*) FROM kb_embeddings").fetchone()[0]
+    third = retrieval.kb_index(kb2, _cached(db, kb2))
     assert not third.from_cache and calls == [kb.sha256, kb2.sha256]
-    assert total == 2 * len(kb.rules)
+    # rows of another KB version are never taken for this one
+    assert not retrieval.kb_index(kb2, _cached(db, kb)).from_cache
 
 
 def test_partial_cache_is_rebuilt(kb, tmp_path: Path, monkeypatch):
     monkeypatch.setattr(retrieval, "_encode_kb",
                         lambda k: np.eye(len(k.rules), 384, dtype=np.float32))
-    with connect(tmp_path / "w.duckdb") as con:
-        retrieval.kb_index(kb, con)
-        con.execute("DELETE FROM kb_embeddings WHERE rule_id = ?", [kb.rules[0].id])
-        again = retrieval.kb_index(kb, con)
-        n = con.execute("SELECT count(*) FROM kb_embeddings").fetchone()[0]
-    assert not again.from_cache and n == len(kb.rules)
+    full = retrieval.embedding_frame(kb, retrieval.kb_index(kb))
+    again = retrieval.kb_index(kb, full[full["rule_id"] != kb.rules[0].id])
+    assert not again.from_cache and again.rule_ids == [r.id for r in kb.rules]
+    assert retrieval.kb_index(kb, pd.concat([full, full])).from_cache  # duplicate rows are harmless

@@ -16,9 +16,9 @@ import pytest
 
 from goblin_assets import REPO_ROOT
 from goblin_assets.audit.kb import load_kb
-from goblin_assets.audit.pipeline import run_audit
+from goblin_assets.audit.session import AuditSession
 from goblin_assets.audit.report import write_html
-from goblin_assets.runners.local import LocalRunner
+from goblin_assets.settings import AuditSettings
 from goblin_assets.runners.workload import load_workload
 
 pytestmark = pytest.mark.slow
@@ -30,11 +30,12 @@ def test_minilm_audit_end_to_end(tmp_path, monkeypatch):
     monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
     wl = load_workload(REPO_ROOT / "workloads" / "minilm_lora_cls")
     kb = load_kb()
-    res = run_audit(wl, LocalRunner(device="cpu", timeout_s=900), steps=3, bench_steps=8, repeats=2,
-                    sketch_steps=1, kb=kb, log=lambda s: None)
+    settings = AuditSettings(device="cpu", timeout_s=900, profiled_steps=3, bench_steps=8, bench_repeats=2,
+                             sketch_steps=1)
+    res = AuditSession.open(wl, settings=settings, kb=kb).run_all()
 
     # the profiled baseline: tokens from the real input_ids the Trainer's (accelerate-wrapped) DataLoader yields
-    m = res.before
+    m = res.profile_run()
     assert m.ok and m.provenance.kind == "measured" and m.steps == 3 and m.unit == "tokens"
     assert m.tokens_per_sec and m.tokens_per_sec > 0
     assert m.samples_per_step == 8
@@ -44,26 +45,26 @@ def test_minilm_audit_end_to_end(tmp_path, monkeypatch):
     assert m.headroom_batch is not None and m.headroom_batch > 8
 
     # the rules come from the KB, with their citations; no special case in code
-    applied = {a.rule_id for a in res.patch.applied}
+    applied = {a.rule_id for a in res.patch().applied}
     assert applied == {"data.dynamic_padding", "attention.eager_to_sdpa"}
-    for a in res.patch.applied:
+    for a in res.patch().applied:
         assert a.citation == kb.by_id[a.rule_id].citation and a.citation.url.startswith("https://")
-    assert res.before.padding_share > 0.3 and res.after.padding_share < 0.15
+    assert res.profile_run().padding_share > 0.3 and res.patched_run().padding_share < 0.15
 
     # the diff applies to the user's own folder (git apply and patch -p1)
-    patched = Path(res.patch.patched_file).read_text()
+    patched = Path(res.patch().patched_file).read_text()
     for tool in (["git", "apply"], ["patch", "-p1", "--quiet"]):
         work = tmp_path / f"apply-{tool[0]}"
         shutil.copytree(wl.root, work, ignore=shutil.ignore_patterns("__pycache__"))
         if tool[0] == "git":
             subprocess.run(["git", "init", "-q"], cwd=work, check=True)
-        subprocess.run(tool, input=res.patch.diff, text=True, cwd=work, check=True)
+        subprocess.run(tool, input=res.patch().diff, text=True, cwd=work, check=True)
         assert (work / "train.py").read_text() == patched
 
     # measured, in real (non-padding) tokens/s
-    rep = res.report
+    rep = res.audit_report()
     assert rep.throughput_unit == "real tokens/s"
-    assert res.before.provenance.kind == "measured" and res.after.provenance.kind == "measured"
+    assert res.profile_run().provenance.kind == "measured" and res.patched_run().provenance.kind == "measured"
     assert rep.measured_speedup > 1.0, (rep.baseline_throughputs, rep.patched_throughputs)
 
     html = write_html(rep, tmp_path / "report.html")

@@ -1,4 +1,5 @@
-"""The mining verbs (goblin opscope mine|infer|probe|shapes|graph|plan) and the Dagster mining assets."""
+"""The mining verbs (goblin opscope mine|infer|probes|roofline|dataflow|plan, old names as aliases) and the Dagster
+mining assets: both call goblin_assets.opscope.mining, and the assets mine the runs their upstream assets produced."""
 from __future__ import annotations
 
 import json
@@ -7,12 +8,12 @@ import dagster as dg
 import pandas as pd
 import pytest
 import torch
-from dagster_duckdb import DuckDBResource
 
 from goblin_assets.cli_opscope_mine import add_mining_parsers, main
-from goblin_assets.defs.mining import MINING_ASSETS, actuation_plan, opscope_patterns
+from goblin_assets.defs.mining import MINING_ASSETS, opscope_patterns, plan
 from goblin_assets.warehouse.db import query, write
 from goblin_assets.warehouse.tables import columns
+from tests.conftest import dagster_resources
 from tests.test_mining_miner import record_digits
 
 
@@ -37,15 +38,21 @@ def test_mine_and_plan_verbs_on_the_latest_run(digits_home, capsys):
     assert px["evidence"]["density"] == pytest.approx(float((pixels != 0).double().mean()))
     assert {"finding": "sparse_gemm", "site": "linear_1", "role": "lhs"}.items() <= \
         [f for f in found if f["site"] == "linear_1" and f["role"] == "lhs" and f["finding"] == "sparse_gemm"][0].items()
-    plan = _run(capsys, "plan", "--no-measure", "--json")
-    assert {f["finding"] for f in plan} == {"prepack", "zero_skipping_sparse_gemm"}
+    planned = _run(capsys, "plan", "--no-measure", "--json")
+    assert {f["finding"] for f in planned} == {"prepack", "zero_skipping_sparse_gemm"}
     stored = query("SELECT count(*) AS n FROM plan")["n"][0]
-    assert stored == len(plan)
+    assert stored == len(planned)
 
 
-def test_unknown_run_id_is_a_clear_error(goblin_home, capsys):
+def test_unknown_run_id_and_empty_warehouse_are_clear_errors(goblin_home, capsys):
     assert main(["mine", "--run-id", "nope"]) == 2
-    assert "no rows for run_id 'nope'" in capsys.readouterr().err.replace("\n", "")
+    err = capsys.readouterr().err.replace("\n", "")
+    assert "table sketches: no rows for run_id 'nope'" in err and "goblin sql" in err
+    assert main(["plan", "--no-measure"]) == 2
+    err = capsys.readouterr().err.replace("\n", "")
+    assert "table sketches: no recorded rows" in err and "goblin opscope sweep|seq|digits|minilm" in err
+    assert main(["roofline", "--run-id", "nope"]) == 2
+    assert "table runs: no run 'nope' with a trace" in capsys.readouterr().err.replace("\n", "")
 
 
 def test_infer_verb_reads_recorded_route_rows(goblin_home, capsys):
@@ -61,14 +68,14 @@ def test_infer_verb_reads_recorded_route_rows(goblin_home, capsys):
     assert hot == {"blocks.0:topk_0.expert0", "blocks.0:topk_0.expert1"}
 
 
-def test_probe_shapes_and_graph_verbs(goblin_home, tmp_path, capsys):
+def test_probes_roofline_and_dataflow_verbs_and_their_old_names(goblin_home, tmp_path, capsys):
     from goblin_assets.opscope.probe import save_tensor
 
     g = torch.Generator().manual_seed(0)
     low = torch.randn(64, 4, generator=g) @ torch.randn(4, 96, generator=g)
     f = save_tensor(tmp_path / "t.safetensors", {"proj.weight": low, "grid.weight": torch.randint(-3, 4, (32, 32)).float()})
-    probes = _run(capsys, "probe", "--file", str(f), "--json", "--run-id", "cli-probe")
-    got = {(p["site"], p["finding"]) for p in probes}
+    found = _run(capsys, "probes", "--file", str(f), "--json", "--run-id", "cli-probe")
+    got = {(p["site"], p["finding"]) for p in found}
     assert ("proj.weight", "low_rank") in got and ("grid.weight", "quantize_lut") in got
     assert query("SELECT count(*) AS n FROM probes WHERE run_id = 'cli-probe'")["n"][0] > 0
 
@@ -78,8 +85,10 @@ def test_probe_shapes_and_graph_verbs(goblin_home, tmp_path, capsys):
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         torch.mm(a, b)
     prof.export_chrome_trace(str(tmp_path / "trace.json"))
-    shapes = _run(capsys, "shapes", "--trace", str(tmp_path / "trace.json"), "--json")
-    assert shapes[0]["site"] == "mm 32x64x48:float" and shapes[0]["evidence"]["flops"] == 2 * 32 * 64 * 48
+    roof = _run(capsys, "roofline", "--trace", str(tmp_path / "trace.json"), "--json")
+    assert roof[0]["site"] == "mm 32x64x48:float" and roof[0]["evidence"]["flops"] == 2 * 32 * 64 * 48
+    assert _run(capsys, "shapes", "--trace", str(tmp_path / "trace.json"), "--json")[0]["site"] == roof[0]["site"]
+    assert query("SELECT count(DISTINCT run_id) AS n FROM roofline")["n"][0] == 2
 
     edges = ["x input -"]
     prev = "x"
@@ -88,7 +97,9 @@ def test_probe_shapes_and_graph_verbs(goblin_home, tmp_path, capsys):
                   f"a{i} aten.add.Tensor r{i},{prev}"]
         prev = f"a{i}"
     (tmp_path / "g.txt").write_text("\n".join(edges) + "\n")
-    flow = _run(capsys, "graph", str(tmp_path / "g.txt"), "--json")
+    flow = _run(capsys, "dataflow", str(tmp_path / "g.txt"), "--json")
+    assert [f["evidence"] for f in _run(capsys, "graph", str(tmp_path / "g.txt"), "--json")] == \
+        [f["evidence"] for f in flow]
     top = flow[0]
     assert top["finding"] == "fusion_candidate" and top["evidence"]["count"] == 3 and top["evidence"]["size"] == 3
     inner = [f for f in flow if f["evidence"]["within"] == top["evidence"]["cone_id"]]
@@ -96,32 +107,68 @@ def test_probe_shapes_and_graph_verbs(goblin_home, tmp_path, capsys):
                                                                                ["relu", "linear"])]
 
 
-def test_mining_assets_materialize_against_duckdb(tmp_path):
+def _report_recording(instance: dg.DagsterInstance, asset: str, run_id: str, rows: int) -> None:
+    """Record a materialization of recording asset ``asset`` as defs/opscope.py reports it (run_id, row count)."""
+    instance.report_runless_asset_event(dg.AssetMaterialization(
+        asset, metadata={"run_id": run_id, "dagster/row_count": dg.MetadataValue.int(rows)}))
+
+
+def test_mining_assets_mine_the_runs_their_upstream_assets_produced(tmp_path):
+    """opscope_patterns mines the run opscope_digits reported, not the newer rows of another run; plan follows it."""
     df, _, _ = record_digits(steps=3, run_id="dg-digits")
+    decoy, _, _ = record_digits(steps=2, run_id="dg-decoy")
     db = tmp_path / "w.duckdb"
     write({"sketches": df}, db)
-    defs = dg.Definitions(assets=MINING_ASSETS, resources={"duckdb": DuckDBResource(database=str(db))})
+    write({"sketches": decoy}, db)                       # written last: "the latest insertion"
+    defs = dg.Definitions(assets=MINING_ASSETS, resources=dagster_resources(db))
     graph = defs.resolve_asset_graph()
     assert {k.to_user_string() for k in graph.get_all_asset_keys() if graph.get(k).is_materializable} == \
-        {"opscope_patterns", "inference_dynamics", "host_probes", "gemm_roofline", "fusion_candidates",
-         "actuation_plan", "online_sketches"}
-    res = dg.materialize([opscope_patterns, actuation_plan], resources={"duckdb": DuckDBResource(database=str(db))})
+        {"opscope_patterns", "inference_dynamics", "probes", "roofline", "dataflow", "plan", "online_sketches"}
+    instance = dg.DagsterInstance.ephemeral()
+    _report_recording(instance, "opscope_digits", "dg-digits", len(df))
+    _report_recording(instance, "opscope_seq", "dg-failed-gate", 0)      # wrote nothing: skipped
+    res = dg.materialize([opscope_patterns, plan], instance=instance, resources=dagster_resources(db))
     assert res.success
-    pat = query("SELECT * FROM patterns WHERE run_id = 'dg-digits'", db)
+    pat = query("SELECT * FROM patterns", db)
+    assert set(pat.run_id) == {"dg-digits"}
     assert ("linear_1", "lhs", "sparse_gemm") in set(zip(pat.site, pat.role, pat.finding))
-    plan = query("SELECT * FROM plan WHERE run_id = 'dg-digits'", db)
-    assert (plan.provenance == "measured").all() and (plan.measured_speedup > 0).all()
-    mats = res.asset_materializations_for_node("actuation_plan")
-    assert mats[0].metadata["dagster/row_count"].value == len(plan)
+    planned = query("SELECT * FROM plan", db)
+    assert set(planned.run_id) == {"dg-digits"}
+    assert (planned.provenance == "measured").all() and (planned.measured_speedup > 0).all()
+    for node, upstream in (("opscope_patterns", "opscope_digits"), ("plan", "opscope_patterns")):
+        md = res.asset_materializations_for_node(node)[0].metadata
+        assert md["run_ids"].value == ["dg-digits"] and upstream in md["run_ids_from"].value
+    assert res.asset_materializations_for_node("plan")[0].metadata["rows_by_table"].value["plan"] == len(planned)
 
 
-def test_parsers_register_every_verb():
+def test_cli_and_assets_share_one_definition_of_the_latest_run(tmp_path, goblin_home, capsys):
+    """No run id and no upstream materialization: both read the run with the newest runs.created_at."""
+    from datetime import datetime
+
+    known, _, _ = record_digits(steps=2, run_id="known-run")
+    unknown, _, _ = record_digits(steps=2, run_id="unknown-run")
+    run = {c: None for c in columns("runs")} | {
+        "run_id": "known-run", "workload": "digits", "label": "profile", "created_at": datetime.now(), "ok": True,
+        "provenance": "measured", "device": "cpu", "steps": 2, "metrics_json": "{}"}
+    write({"sketches": known, "runs": pd.DataFrame([run])[columns("runs")]})
+    write({"sketches": unknown})                         # inserted later, but unknown to runs
+    assert {f["run_id"] for f in _run(capsys, "mine", "--json")} == {"known-run"}
+    res = dg.materialize([opscope_patterns], instance=dg.DagsterInstance.ephemeral(),
+                         resources=dagster_resources(goblin_home / "warehouse.duckdb"))
+    md = res.asset_materializations_for_node("opscope_patterns")[0].metadata
+    assert md["run_ids"].value == ["known-run"] and md["run_ids_from"].value.startswith("latest run")
+
+
+def test_parsers_register_every_verb_and_the_old_names():
     import argparse
 
     p = argparse.ArgumentParser()
     sub = p.add_subparsers(dest="verb")
     add_mining_parsers(sub)
-    for verb in ("mine", "infer", "probe", "shapes", "flow", "plan"):
+    for verb in ("mine", "infer", "probes", "roofline", "dataflow", "plan"):
         args = p.parse_args([verb, "--run-id", "x", "--json"])
-        assert args.run_id == "x" and args.json and callable(args.fn)
+        assert args.run_id == "x" and args.json and callable(args.fn) and args.miner == verb
+    for old, new in (("probe", "probes"), ("shapes", "roofline"), ("flow", "dataflow"), ("graph", "dataflow")):
+        assert p.parse_args([old, "--json"]).miner == new
     assert p.parse_args(["graph", "f.txt"]).file == "f.txt"
+    assert p.parse_args(["shapes", "--trace", "t.json"]).trace == "t.json"

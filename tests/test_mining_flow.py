@@ -6,8 +6,8 @@ import torch
 from torch import nn
 
 from goblin_assets.opscope.dataflow import (
-    GraphFormatError, dump_graph, flow, flow_findings, graph, graph_from_module, minilm_graph, motifs, op_histogram,
-    parse_graph,
+    GraphFormatError, dataflow, dataflow_findings, dump_graph, graph, graph_from_module, minilm_graph, motifs,
+    op_histogram, parse_graph,
 )
 from goblin_assets.warehouse.db import validate
 
@@ -62,7 +62,7 @@ def minilm():
 def test_minilm_flow_finds_the_encoder_layer_six_times(minilm):
     hist = op_histogram(minilm)
     assert hist["linear"] == 37 and hist["softmax"] == 6            # measured_facts: 37 linear sites, eager softmax
-    cones = flow(minilm)
+    cones = dataflow(minilm)
     top = cones.iloc[0]
     assert top["count"] == 6 and top["within"] is None
     assert top["name"] == "fused_transformer_layer"
@@ -75,7 +75,7 @@ def test_minilm_flow_finds_the_encoder_layer_six_times(minilm):
     assert {"fused_attention_block", "fused_matmul_bias_act"} <= set(inside.name)
     att = inside[inside.name == "fused_attention_block"].iloc[0]
     assert att["count"] == 6 and "softmax" in att["ops"]
-    pat = flow_findings(cones, run_id="t-flow", workload="minilm")
+    pat = dataflow_findings(cones, run_id="t-flow", workload="minilm")
     validate("patterns", pat)
     assert (pat.finding == "fusion_candidate").all() and pat.score.iloc[0] == 6 * (top["size"] + 1)
 
@@ -85,15 +85,15 @@ def test_edge_list_round_trip_finds_the_same_layer(minilm, tmp_path):
     p.write_text(dump_graph(minilm))
     g = graph(p)
     assert len(g.nodes) == len(minilm.nodes)
-    top = flow(g).iloc[0]
-    assert top["count"] == 6 and top["size"] == flow(minilm).iloc[0]["size"]
+    top = dataflow(g).iloc[0]
+    assert top["count"] == 6 and top["size"] == dataflow(minilm).iloc[0]["size"]
 
 
 def test_moe_flow_names_a_fused_moe_block():
     m = TinyMoE().eval()
     g = graph_from_module(m, (digits_tokens(64),))
     assert op_histogram(g)["topk"] == 2
-    cones = flow(g)
+    cones = dataflow(g)
     top = cones.iloc[0]
     assert top["name"] == "fused_moe_block" and top["count"] == 2 and "topk" in top["ops"]
     assert top["ops"].count("linear") == 1 + 2 * 8                  # router + 8 experts x 2

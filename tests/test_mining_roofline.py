@@ -8,7 +8,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from goblin_assets.opscope.roofline import (
-    TraceShapeError, gemm_shape, hot_shapes, ridge_point, roofline_findings, run_device_name, shapes, trace_gemms,
+    TraceShapeError, gemm_shape, hot_shapes, ridge_point, roofline, roofline_findings, run_device_name, trace_gemms,
 )
 from goblin_assets.runners.peaks import PEAKS, DevicePeak
 from goblin_assets.warehouse.db import validate
@@ -48,7 +48,7 @@ def test_flops_and_bytes_use_the_real_dtype(tmp_path):
     assert rows[("addmm", "float")].bytes == mm32.bytes + 4 * 160         # + the bias
     bmm = rows[("bmm", "float")]
     assert (bmm.batch, bmm.M, bmm.K, bmm.N) == (4, 8, 16, 24) and bmm.flops == 2 * 4 * 8 * 16 * 24
-    roof = shapes(g, run_id="t-roof", devices={"H100": PEAKS["H100"], "CPU": CPU})
+    roof = roofline(g, run_id="t-roof", devices={"H100": PEAKS["H100"], "CPU": CPU})
     validate("roofline", roof)
     h100 = roof[(roof.device == "H100") & (roof.dtype == "c10::BFloat16")].iloc[0]
     assert h100.ridge_flop_per_byte == pytest.approx(989.4 / 3.35)       # bf16 peak / HBM bandwidth
@@ -69,7 +69,7 @@ def test_trace_without_shapes_is_a_clear_error(tmp_path):
 def test_digits_workload_trace_roofline(digits_profile):
     """The real profiled digits_mlp run (conftest fixture): its 64-wide GEMMs, forward and backward."""
     g, gpu = trace_gemms(digits_profile.trace_path)
-    roof = shapes(g, run_id="t-digits", devices={**PEAKS, "CPU": CPU})
+    roof = roofline(g, run_id="t-digits", devices={**PEAKS, "CPU": CPU})
     hot = hot_shapes(roof)
     assert "addmm 64x64x256:float" in set(hot["shape"])                 # first layer: batch 64, 64 pixels -> 256
     assert hot["share"].sum() == pytest.approx(1.0) and hot["autotune_target"].iloc[0]
@@ -95,7 +95,7 @@ def test_minilm_forward_roofline(tmp_path):
 
     p = profile_minilm_trace(tmp_path / "minilm.json", batch=4, max_length=32)
     g, _ = trace_gemms(p)
-    roof = shapes(g, run_id="t-minilm", devices={"H200": PEAKS["H200"], "CPU": CPU})
+    roof = roofline(g, run_id="t-minilm", devices={"H200": PEAKS["H200"], "CPU": CPU})
     # 6 layers x (q, k, v, attention out, FFN in, FFN out) on 4 x 32 tokens, plus the pooler
     lin = roof[(roof.device == "CPU") & (roof.op.isin(["addmm", "mm"])) & (roof.M == 128)]
     assert lin["count"].sum() == 36

@@ -11,16 +11,15 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
-from dagster_duckdb import DuckDBResource
 
 from goblin_assets.cli_opscope import add_opscope_parser
 from goblin_assets.defs.opscope import OPSCOPE_ASSETS
-from goblin_assets.defs.resources import RunnerResource
 from goblin_assets.opscope.drivers import (
     DISTRIBUTIONS, OUTLIER_SCALE, RELU_SPARSE_DENSITY, DriverError, digits, load_mnist, seq, sweep, write_result,
 )
 from goblin_assets.opscope.record import SKETCH_COLUMNS
 from goblin_assets.warehouse.db import query, validate
+from tests.conftest import dagster_resources
 
 
 #: Many small reductions: on 2 shared cores, 2 intra-op threads make them ~7x slower (measured).
@@ -185,7 +184,7 @@ def test_asset_materializes_in_process(tmp_path):
     db = tmp_path / "wh.duckdb"
     res = dg.materialize(
         OPSCOPE_ASSETS, selection=["opscope_seq"], instance=dg.DagsterInstance.ephemeral(),
-        resources={"runner": RunnerResource(device="cpu"), "duckdb": DuckDBResource(database=str(db))},
+        resources=dagster_resources(db, device="cpu"),
         run_config={"ops": {"opscope_seq": {"config": {"steps": 2}}}})
     assert res.success
     meta = res.asset_materializations_for_node("opscope_seq")[0].metadata

@@ -6,10 +6,14 @@ from pathlib import Path
 
 import pytest
 
+from goblin_assets.audit.profile import profile_run
 from goblin_assets.audit.waste import evidence_coverage, shares
 from goblin_assets.contracts import WASTE_BUCKETS
-from goblin_assets.runners.harness import cpu_bf16_matmul
+from goblin_assets.host import use_host
+from goblin_assets.runners.result import HarnessResult, RawRun
 from goblin_assets.runners.trace import read_trace
+from goblin_assets.runners.workload import load_workload
+from tests.conftest import WORKLOADS
 
 
 def test_throughput_counts_real_batches(digits_profile):
@@ -33,15 +37,49 @@ def test_waste_buckets_add_up_to_step_time(digits_profile):
     for k in ("useful", "data_wait", "host_gap"):
         assert m.waste_budget[k].status == "measured"
         assert m.waste_budget[k].seconds >= 0
-    # CPU trace: the tile model is GPU-only; the bf16 estimate depends on this CPU's ISA.
+    # CPU trace: the tile model is GPU-only (the bf16 estimate: test_precision_path_reads_the_host_facts)
     assert m.waste_budget["kernel_shape"].status == "not_observable" and m.waste_budget["kernel_shape"].note
-    prec = m.waste_budget["precision_path"]
-    assert prec.status == "estimated" and "fp32" in prec.note
-    if not cpu_bf16_matmul():
-        assert prec.seconds == 0.0 and "no bf16 matrix instructions" in prec.note
-    else:
-        assert 0 < prec.seconds < m.step_time_s
+    # one process, no collectives: a measured 0, and the note says the trace would have shown them
+    comm = m.waste_budget["comm_excess"]
+    assert (comm.status, comm.seconds) == ("measured", 0.0)
+    assert comm.note.startswith("no collective ops (c10d/gloo) among the ") and "single process" in comm.note
     assert 0 < evidence_coverage(m.waste_budget) < 1
+
+
+class _Refold:
+    """A runner that hands back the digits fixture's finished run folder: profile_run re-reads it, nothing runs."""
+
+    kind = "local"
+
+    def __init__(self, run_dir: str):
+        self.run_dir = Path(run_dir)
+
+    def run(self, workload, mode, steps, **kw) -> RawRun:
+        return RawRun(ok=True, run_dir=self.run_dir, mode=mode, result=HarnessResult.read(self.run_dir / "result.json"))
+
+    def fold_metrics(self, raw, metrics) -> None:
+        pass
+
+
+@pytest.mark.parametrize("flags, expect", [
+    ({"amx_bf16": True, "avx512_bf16": False}, "saves"),
+    ({"amx_bf16": False, "avx512_bf16": True}, "saves"),
+    ({"amx_bf16": False, "avx512_bf16": False}, "nothing"),
+    ({"amx_bf16": None, "avx512_bf16": None}, "unknown"),
+])
+def test_precision_path_reads_the_host_facts(digits_profile, flags, expect):
+    """The CPU bf16 estimate follows the host facts (set here both ways), never this machine's /proc/cpuinfo."""
+    with use_host(flags):
+        m = profile_run(load_workload(WORKLOADS / "digits_mlp"), _Refold(digits_profile.run_dir), steps=6)
+    prec = m.waste_budget["precision_path"]
+    assert sum(b.seconds for b in m.waste_budget.values()) == pytest.approx(m.step_time_s, rel=0.05)
+    if expect == "saves":
+        assert prec.status == "estimated" and "fp32 GEMM calls" in prec.note
+        assert 0 < prec.seconds < m.step_time_s
+    elif expect == "nothing":
+        assert (prec.status, prec.seconds) == ("estimated", 0.0) and "no bf16 matrix instructions" in prec.note
+    else:
+        assert prec.status == "not_observable" and "unknown whether this CPU" in prec.note
 
 
 def test_gemm_shapes_come_from_the_real_trace(digits_profile):

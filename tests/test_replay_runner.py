@@ -6,14 +6,14 @@ import json
 import pytest
 
 from goblin_assets.contracts import KernelShare, RunMetrics, RunProvenance, WasteBucket
-from goblin_assets.runners.base import Runner, RunnerError, make_runner
+from goblin_assets.runners.base import Runner, RunnerError
+from goblin_assets.runners.factory import make_runner
 from goblin_assets.runners.local import LocalRunner
 from goblin_assets.runners.replay import (
     RECORDING_NAME,
     ReplayError,
     ReplayRunner,
     load_recording,
-    metrics_from_raw,
     record_metrics,
 )
 from goblin_assets.runners.workload import load_workload
@@ -46,8 +46,8 @@ def test_profile_replays_the_recording_labelled(workload):
     rec = record_metrics(_recorded(), workload.root)
     assert rec.name == RECORDING_NAME
     raw = ReplayRunner().run(workload, "profile", steps=10)
-    assert raw.ok and raw.result["replayed"] is True
-    m = metrics_from_raw(raw)
+    assert raw.ok and raw.result is None  # nothing ran: no harness result, the RunMetrics travels typed
+    m = raw.metrics
     assert m.provenance.kind == "replayed"
     assert m.provenance.source.startswith(str(rec.resolve()))
     assert "recorded as measured on AMD Instinct MI300X with rocprofv3 at 2026-11-02" in m.provenance.source
@@ -93,7 +93,7 @@ def test_benchmark_and_patched_script_are_not_replayed(workload, tmp_path):
     patched.write_text("")
     raw = r.run(workload, "profile", steps=10, script=patched)
     assert not raw.ok and "patched_train.py" in raw.failure
-    failed = metrics_from_raw(raw)
+    failed = raw.metrics
     assert not failed.ok and failed.failure == raw.failure
     assert failed.provenance.kind == "replayed" and failed.workload == "wl" and failed.unit == "tokens"
 
@@ -117,7 +117,7 @@ def test_explicit_recording_path(workload, tmp_path):
     rec = record_metrics(_recorded(), other)
     runner = make_runner("replay", recording=rec, device="cpu", timeout_s=5, mem_cap_gb=1)
     assert runner.recording_for(workload) == rec
-    assert metrics_from_raw(runner.run(workload, "profile", steps=1)).tokens_per_sec == 45_000.0
+    assert runner.run(workload, "profile", steps=1).metrics.tokens_per_sec == 45_000.0
 
 
 def test_make_runner_kinds_and_settings():
@@ -131,16 +131,27 @@ def test_make_runner_kinds_and_settings():
         make_runner("local", image_tagg="rocm/pytorch:latest")
 
 
-def test_metrics_from_a_measured_run_is_none(tmp_path):
-    from goblin_assets.runners.local import RawRun
+def test_a_measured_run_carries_no_finished_metrics(tmp_path):
+    from goblin_assets.runners.result import RawRun
 
-    assert metrics_from_raw(RawRun(ok=True, run_dir=tmp_path, mode="profile", result={"per_step": []})) is None
+    assert RawRun(ok=True, run_dir=tmp_path, mode="profile").metrics is None
+
+
+def test_profile_run_returns_the_replay_as_is(workload):
+    """profile_run short-circuits on RawRun.metrics: a replay never reaches the trace readers."""
+    from goblin_assets.audit.profile import profile_run
+
+    record_metrics(_recorded(), workload.root)
+    m = profile_run(workload, ReplayRunner(), steps=10)
+    assert m.provenance.kind == "replayed" and m.step_time_s == 0.182 and m.trace_path is None
+    failed = profile_run(workload, ReplayRunner(recording=workload.root / "absent.json"), steps=10)
+    assert not failed.ok and "absent.json" in failed.failure and failed.provenance.kind == "replayed"
 
 
 def test_a_replay_folder_is_replayed_whatever_the_runner():
     """A scenario of the synthetic corpus (cached_metrics.json, no workload.yaml) never runs its config file."""
-    from goblin_assets.audit.pipeline import profile
-    from goblin_assets.runners.base import runner_for
+    from goblin_assets.audit.session import AuditSession
+    from goblin_assets.runners.factory import runner_for
     from tests.conftest import WORKLOADS
 
     wl = load_workload(WORKLOADS / "synthetic" / "fp32_on_mi300x")
@@ -150,7 +161,7 @@ def test_a_replay_folder_is_replayed_whatever_the_runner():
     local = LocalRunner()
     assert runner_for(load_workload(WORKLOADS / "digits_mlp"), local) is local
     lines = []
-    m = profile(wl, LocalRunner(), steps=10, log=lines.append)
+    m = AuditSession.open(wl, runner=LocalRunner(), log=lines.append).profile_run()
     assert m.provenance.kind == "modelled" and m.step_time_s == 14.7
     assert lines[0].startswith("profile: fp32_on_mi300x") and "(replay runner)" in lines[0]
     assert "done in" in lines[1] and "(modelled)" in lines[1]

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from goblin_assets.runners.base import ToolMissingError, make_runner
+from goblin_assets.runners.base import ToolMissingError
+from goblin_assets.runners.factory import make_runner
 from goblin_assets.runners.rocprof import (
     RocprofParseError,
     RocprofRunner,
@@ -29,7 +30,8 @@ from goblin_assets.runners.rocprof import (
 from goblin_assets.runners.workload import load_workload
 
 DATA = Path(__file__).parent / "data" / "rocprof"
-CORE = ["kernel_name", "agent_id", "start_ns", "end_ns", "dur_ns", "kernel_type", "correlation_id"]
+CORE = ["kernel_name", "agent_id", "start_ns", "end_ns", "dur_ns", "kernel_type", "category", "group",
+        "correlation_id"]
 
 
 @pytest.mark.parametrize("name, extra", [
@@ -57,6 +59,9 @@ def test_kernel_trace_agent_ids_and_kinds():
     assert kinds["ncclDevKerne"] == "COMMUNICATION"
     assert kinds["__amd_rocclr"] == "MEMORY"
     assert kinds["Cijk_Alik_Bl"] == "COMPUTATION"
+    groups = dict(zip(cur["kernel_name"].str[:12], cur["group"]))
+    assert groups == {"Cijk_Alik_Bl": "gemm", "void at::nat": "elementwise", "attn_fwd": "attention",
+                      "bwd_kernel_d": "attention", "__amd_rocclr": "memory", "ncclDevKerne": "collective"}
 
 
 def test_kernel_breakdown_and_union():
@@ -94,6 +99,8 @@ def test_summary_over_window():
     assert s["attention_kernel_loaded"] is True
     assert len(s["top_kernels"]) == 5
     assert s["kernel_time_by_type_s"]["COMMUNICATION"] == pytest.approx(50e-6)
+    assert s["kernel_time_by_group_s"]["attention"] == pytest.approx(80e-6)  # attn_fwd 30 us + bwd_kernel_dk_dv 50 us
+    assert s["kernel_time_by_group_s"]["gemm"] == pytest.approx(80e-6)
     # hipExtModuleLaunchKernel before the window is left out; 4 launches inside it
     assert s["hip_launch_calls"] == 4
     assert s["hip_sync_s"] == pytest.approx(56e-6)
@@ -225,7 +232,7 @@ def test_rocprof_runner_with_stand_in_tools(tmp_path, monkeypatch):
     assert isinstance(runner, RocprofRunner)
     raw = runner.run(load_workload(script), "benchmark", steps=3, warmup=1)
     assert raw.ok, (raw.failure, raw.stderr_tail)
-    s = raw.result["rocprof"]
+    s = raw.extra["rocprof"]
     assert s["window"] == "measured steps"
     assert s["kernels"] == 2  # the warm-up kernel is outside the measured window
     assert s["top_kernels"][0]["name"] == "Cijk_Alik_Bljk_SB_MT64x64x16"
@@ -251,7 +258,7 @@ def test_rocprof_runner_without_kernel_trace_says_so(tmp_path, monkeypatch):
     runner = RocprofRunner(device="cpu", timeout_s=60, rocprofv3=str(passthrough), amd_smi=str(tmp_path / "none"))
     raw = runner.run(load_workload(script), "benchmark", steps=2, warmup=1)
     assert raw.ok, raw.failure
-    assert "wrote no *kernel_trace.csv" in raw.result["rocprof"]["error"]
+    assert "wrote no *kernel_trace.csv" in raw.extra["rocprof"]["error"]
 
 
 def test_profile_run_merges_rocprof_and_amd_smi(tmp_path, monkeypatch):

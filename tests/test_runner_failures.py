@@ -5,12 +5,14 @@ costs about one torch import plus the hang's timeout.
 """
 from __future__ import annotations
 
+import sys
 import textwrap
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from goblin_assets.runners.local import LocalRunner, RawRun
+from goblin_assets.runners.local import LocalRunner
+from goblin_assets.runners.result import RawRun
 from goblin_assets.runners.workload import load_workload
 
 HANG_TIMEOUT_S = 5.0
@@ -76,7 +78,7 @@ def runs(tmp_path_factory) -> dict[str, RawRun]:
 
 def _failed(raw: RawRun, name: str) -> str:
     assert not raw.ok
-    assert raw.result == {} or not raw.result.get("per_step")
+    assert raw.result is None or not raw.result.per_step
     assert raw.failure.startswith(f"{name}.py: "), raw.failure
     return raw.failure
 
@@ -116,3 +118,25 @@ def test_ending_before_warmup_is_explained(runs):
         "one_step.py: finished after 1 optimizer steps; need more than 2 warm-up steps "
         "(is optimizer.step() called?)")
     assert raw.returncode == 0
+
+
+def test_a_malformed_result_names_the_file_and_the_field(tmp_path, monkeypatch):
+    """A child that writes a result.json of the wrong shape is a failed run naming the file and field."""
+    monkeypatch.setenv("GOBLIN_HOME", str(tmp_path / "home"))
+    fake_python = tmp_path / "fake_python"
+    fake_python.write_text(textwrap.dedent(f"""\
+        #!{sys.executable}
+        import json, pathlib, sys
+        spec = json.loads(pathlib.Path(sys.argv[-1]).read_text())
+        bad = {{"reached_budget": True, "steps_seen": 3, "device": "cpu", "torch_version": "2.x", "num_threads": 1,
+                "max_rss_gb": 0.1, "per_step": [{{"samples": "many"}}]}}
+        (pathlib.Path(spec["out_dir"]) / "result.json").write_text(json.dumps(bad))
+        """))
+    fake_python.chmod(0o755)
+    script = tmp_path / "train.py"
+    script.write_text("print('never run: the fake interpreter writes the result')\n")
+    raw = LocalRunner(device="cpu", timeout_s=60, python=str(fake_python)).run(load_workload(script), "benchmark",
+                                                                                steps=2, warmup=1)
+    assert not raw.ok and raw.result is None
+    assert raw.failure.startswith("train.py: the harness's results are unreadable: ")
+    assert str(raw.run_dir / "result.json") in raw.failure and "field 'per_step.0.samples'" in raw.failure

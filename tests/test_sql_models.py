@@ -33,7 +33,9 @@ def test_asset_lineage_is_derived_from_sql():
     g = defs.resolve_asset_graph()
     parents = lambda k: {p.to_user_string() for p in g.get(dg.AssetKey(k)).parent_keys}  # noqa: E731
     assert parents("stg_sketch_scalars") == {"tensor_sketches", "opscope_sweep", "opscope_seq", "opscope_digits",
-                                             "opscope_minilm"}
+                                             "opscope_minilm", "inference_dynamics"}
+    assert {"training_config", "tensor_sketches", "mined_patterns", "kb_matches", "benchmark_baseline",
+            "audit_report"} <= parents("audit_lineage")
     assert parents("site_sketch_summary") == {"stg_sketch_scalars"}
     assert parents("rule_firing_frequency") == {"kb_matches"}
     assert parents("speedup_calibration") == {"audit_report"}
@@ -76,3 +78,14 @@ def test_bad_sql_names_the_file(tmp_path):
     (tmp_path / "staging" / "broken.sql").write_text("SELECT 1\n")
     with pytest.raises(WarehouseError, match="materialized"):
         load_models(tmp_path)
+
+
+def test_every_table_names_the_assets_that_write_it():
+    """An SQL model's upstream assets come from TABLE_PRODUCERS: a table without writers would lose its lineage."""
+    from goblin_assets.definitions import defs
+    from goblin_assets.defs.sql import TABLE_PRODUCERS
+    from goblin_assets.warehouse.tables import TABLES
+
+    assert set(TABLE_PRODUCERS) == set(TABLES)
+    keys = {k.to_user_string() for k in defs.resolve_asset_graph().get_all_asset_keys()}
+    assert {a for writers in TABLE_PRODUCERS.values() for a in writers} <= keys

@@ -59,10 +59,9 @@ SMALL_RUNS = {"GOBLIN_RUNNER_PROFILED_STEPS": "1", "GOBLIN_RUNNER_WARMUP_STEPS":
 @pytest.fixture
 def dagster_ui(tmp_path, monkeypatch):
     import dagster as dg
-    from dagster_duckdb import DuckDBResource
 
     from goblin_assets.definitions import defs
-    from goblin_assets.defs.resources import RunnerResource
+    from tests.conftest import dagster_resources
 
     home = tmp_path / "home"
     dagster_home = home / "dagster"
@@ -86,8 +85,7 @@ def dagster_ui(tmp_path, monkeypatch):
         # `dagster dev` starts.
         with inst:
             assert dg.materialize([*defs.assets, *defs.asset_checks], selection=["kb_rules", "kb_index"],
-                                  instance=inst, resources={"runner": RunnerResource(), "duckdb": DuckDBResource(
-                                      database=str(home / "warehouse.duckdb"))}).success
+                                  instance=inst, resources=dagster_resources(home / "warehouse.duckdb")).success
         deadline = time.time() + 240
         while True:
             try:

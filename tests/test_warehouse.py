@@ -11,7 +11,7 @@ from goblin_assets.warehouse.tables import TABLES, columns, ddl
 
 
 def _waste_rows(n=2, share=0.5):
-    return pd.DataFrame([{"run_id": "r1", "workload": "w", "label": "profile", "bucket": f"b{i}", "seconds": 0.1,
+    return pd.DataFrame([{"run_id": "r1", "workload": "w", "label": "profile", "bucket": f"b{i}", "time_per_step_s": 0.1,
                           "share": share, "status": "measured", "note": ""} for i in range(n)])
 
 
@@ -52,6 +52,20 @@ def test_schema_and_ddl_agree():
         cols = [r[0] for r in con.execute(f'DESCRIBE "{t}"').fetchall()]
         assert cols == columns(t)
         assert list(validate(t, pd.DataFrame(columns=columns(t))).columns) == columns(t)
+
+
+def test_a_warehouse_from_before_the_unit_suffixes_keeps_its_rows(tmp_path):
+    """Columns renamed to carry their unit (seconds -> time_per_step_s, ...) are renamed in place, rows kept."""
+    db = tmp_path / "old.duckdb"
+    with duckdb.connect(str(db)) as con:
+        con.execute('CREATE TABLE waste_budget ("run_id" VARCHAR NOT NULL, "workload" VARCHAR NOT NULL, '
+                    '"label" VARCHAR NOT NULL, "bucket" VARCHAR NOT NULL, "seconds" DOUBLE NOT NULL, '
+                    '"share" DOUBLE NOT NULL, "status" VARCHAR NOT NULL, "note" VARCHAR NOT NULL)')
+        con.execute("INSERT INTO waste_budget VALUES ('old', 'w', 'profile', 'useful', 0.25, 1.0, 'measured', '')")
+    write({"waste_budget": _waste_rows()}, db)
+    got = query("SELECT run_id, time_per_step_s FROM waste_budget ORDER BY run_id", db)
+    assert got.to_dict("records") == [{"run_id": "old", "time_per_step_s": 0.25}] + \
+        [{"run_id": "r1", "time_per_step_s": 0.1}] * 2
 
 
 def test_query_error_is_typed(goblin_home):

@@ -1,17 +1,15 @@
-"""The Backend protocol the agent loop talks to, the system prompt, and the factory.
+"""The Backend protocol the agent loop talks to, and the system prompt.
 
 Two implementations stand behind one interface (as the runners do):
 :class:`~goblin_assets.agent.openai_chat.OpenAIChatBackend`, any server that
 speaks the OpenAI chat-completions protocol with tool calls (vLLM, Ollama,
 Hugging Face Inference endpoints, llama.cpp's server ...), and
 :class:`~goblin_assets.agent.planner.OfflinePlanner`, a deterministic planner
-that needs no model at all.  Which one :func:`make_backend` returns depends
-only on whether a base URL is configured: offline is the default.
+that needs no model at all.  This protocol module imports neither;
+:func:`goblin_assets.agent.factory.make_backend` picks one.
 """
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field
@@ -98,39 +96,3 @@ class Backend(Protocol):
 
     def add_tool_result(self, call_id: str, name: str, content: str) -> None:
         """Append the result of tool call ``call_id`` (``content``: the redacted JSON summary)."""
-
-
-def make_backend(base_url: str | None = None, model: str | None = None,
-                 env: Mapping[str, str] | None = None, timeout_s: float = 120.0) -> Backend:
-    """The backend for these settings: a chat-completions client when a base URL is set, else offline.
-
-    Parameters
-    ----------
-    base_url, model
-        The server (``http://host:8000/v1``) and the model name it serves;
-        default ``$GOBLIN_LLM_BASE_URL`` and ``$GOBLIN_LLM_MODEL``.
-    env
-        Where to read the variables (default ``os.environ``); the API key
-        is ``$GOBLIN_LLM_API_KEY`` (optional: local servers need none).
-    timeout_s
-        Seconds to wait for one model response.
-
-    Raises
-    ------
-    AgentBackendError
-        A base URL without a model name, or a model name without a base URL.
-    """
-    from goblin_assets.agent.openai_chat import OpenAIChatBackend
-    from goblin_assets.agent.planner import OfflinePlanner
-
-    env = os.environ if env is None else env
-    url = base_url or env.get(ENV_BASE_URL) or ""
-    if not url:
-        if model:
-            raise AgentBackendError(f"--model {model!r} needs a model server: pass --base-url or set {ENV_BASE_URL}")
-        return OfflinePlanner()
-    name = model or env.get(ENV_MODEL) or ""
-    if not name:
-        raise AgentBackendError(f"a model server is set ({ENV_BASE_URL} or --base-url) but no model name: "
-                                f"pass --model or set {ENV_MODEL}")
-    return OpenAIChatBackend(url, name, api_key=env.get(ENV_API_KEY) or None, timeout_s=timeout_s)

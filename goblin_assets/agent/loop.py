@@ -22,9 +22,10 @@ from goblin_assets.agent.backend import (
     DEFAULT_QUESTION, MAX_TOOL_CALLS, AgentBackendError, Backend, ToolCallRequest,
 )
 from goblin_assets.agent.events import AgentEvent, FinalReport, Thought, ToolCall, ToolResult
-from goblin_assets.agent.tools import TOOLS, AuditSession, Tool
+from goblin_assets.agent.tools import TOOLS, Tool
+from goblin_assets.audit.session import AuditSession
 from goblin_assets.redact import redact_tree as redact_all
-from goblin_assets.audit.report import render_markdown
+from goblin_assets.audit.report import report_markdown
 from goblin_assets.errors import GoblinError, RunFailed
 from goblin_assets.redact import redact
 
@@ -119,10 +120,10 @@ def _final(session: AuditSession, backend: Backend, text: str, calls: int, cappe
         text = ("The model failed before a final answer." if model_error else
                 f"Stopped after {calls} tool calls (the cap) without a final answer from the model." if capped else
                 "The model ended without a final answer.")
-    rep = session.report
+    rep = session.results.get("audit_report")
     return FinalReport(text=redact(text), backend=backend.name, tool_calls=calls, capped=capped,
                        model_error=model_error,
-                       report_markdown=render_markdown(rep, "report.png") if rep is not None else None,
+                       report_markdown=report_markdown(rep, "report.png") if rep is not None else None,
                        report_path=str(session.report_path) if session.report_path else None)
 
 

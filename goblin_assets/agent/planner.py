@@ -156,6 +156,9 @@ class OfflinePlanner:
                     "the waste budget, not measured). Next: measure original vs patched (benchmark).")
         if key == "compare_runs":
             b = r["benchmark"]
+            if b.get("status") == "not_observable":
+                return (f"Nothing can be measured here: {b.get('reason')}. Next: the report of the recorded run "
+                        "(compare_runs).")
             cached = [a for a in ("baseline", "patched") if b[a].get("cache_hit")]
             return (f"Measured {b['baseline']['median']} -> {b['patched']['median']} {b.get('unit')} "
                     f"({b['speedup']:.2f}x" + (f"; {' and '.join(cached)} from the benchmark cache" if cached else "")
@@ -177,7 +180,13 @@ class OfflinePlanner:
             tool, err = self.failed
             out.append(f"The audit stopped at {tool}: {err}. Nothing after that step ran; fix it and ask again.")
         rep = r.get("compare_runs") if r.get("compare_runs", {}).get("ok") else None
-        if rep:
+        if rep and rep.get("status") == "not_observable":
+            lo, hi = rep["predicted_speedup"]
+            out.append(f"Measured speedup: not observable ({rep.get('reason')}). From the {rep.get('provenance')} "
+                       f"waste budget the patch is predicted at {lo:.2f}x-{hi:.2f}x, confidence "
+                       f"{rep['confidence']:.2f}; applied: {_rules(rep.get('applied', []))}.")
+            rep = None
+        elif rep:
             t = rep["throughput"]
             lo, hi = rep["predicted_speedup"]
             hits = ", ".join(t.get("cache_hits") or [])

@@ -1,197 +1,37 @@
-"""The agent's six tools: the audit's own stage functions, memoised per session, summarised for a model.
+"""The agent's six tools: the audit session's own stages, summarised for a model.
 
-Each tool calls the same stage functions as the asset graph and ``run_audit``
-(``audit/pipeline.py``): nothing here re-implements a stage.  An
-:class:`AuditSession` holds one workload's stage results; a stage runs on
-first use (a tool whose inputs were never asked for runs them first) and at
-most once.  A session can be seeded with the results of a materialized audit,
-so a conversation over it runs no stage again.
+Each tool calls stages of :class:`goblin_assets.audit.session.AuditSession`,
+the one orchestrator behind ``goblin audit`` and the asset graph: nothing
+here runs, parses or decides anything itself.  A stage runs on first use (a
+tool whose inputs were never asked for runs them first) and at most once; a
+session seeded with the results of a materialized audit runs no stage again.
+A replay folder is never executed: its benchmark and comparison tools say
+``not_observable`` with the reason, and the rules are checked on the
+recorded host.
 
 What-if questions pass ``overrides`` (ConfigDict fields, e.g.
-``{"batch_size": 128}``): the changed values are written into a copy of the
-user's file with the patch stage's own editor, and the copy is audited as a
-workload of its own (a child :class:`AuditSession`), through the same runner
-and the same benchmark cache.
+``{"batch_size": 128}``): :meth:`AuditSession.what_if` writes them into a copy
+of the user's file and audits the copy as a workload of its own, through the
+same runner and the same benchmark cache.
 
 A tool returns a small JSON-able summary (never a raw trace or stderr); the
 loop redacts it before the model sees it.
 """
 from __future__ import annotations
 
-import hashlib
-import json
-import shutil
-import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
-from goblin_assets import goblin_home
-from goblin_assets.audit import pipeline as stages
-from goblin_assets.audit.kb import KnowledgeBase, load_kb
-from goblin_assets.audit.patch import edit_source, unified_diff
-from goblin_assets.audit.report import AuditReport, compare_runs, write_report
+from goblin_assets.audit.report import ReplayReport
 from goblin_assets.audit.retrieval import query_rocm_kb
+from goblin_assets.audit.session import AuditSession, WhatIfError
 from goblin_assets.audit.waste import shares
-from goblin_assets.contracts import CONFIG_FIELDS, BenchmarkResult, ConfigDict, Patch, RuleMatch, RunMetrics
-from goblin_assets.errors import GoblinError
-from goblin_assets.runners.base import Runner
-from goblin_assets.runners.workload import Workload
+from goblin_assets.contracts import CONFIG_FIELDS, BenchmarkResult, ConfigDict, RunMetrics
 
-Log = Callable[[str], None]
-
-
-class ToolInputError(GoblinError):
-    """A tool was called with arguments it cannot use (names the argument and the reason)."""
-
-
-@dataclass
-class AuditSession:
-    """One workload's audit as a conversation sees it: how to run it, and every stage result so far.
-
-    Parameters
-    ----------
-    workload, runner, kb
-        What to audit, where it runs, and the rules.
-    out_dir
-        Where the patched copy, ``patch.diff`` and the report go (this machine only).
-    steps, bench_steps, repeats, warmup
-        Profiled steps, timed steps per benchmark repeat, alternating
-        repeats per arm, unmeasured steps before each run (as ``run_audit``).
-    overrides
-        For a what-if session, the ConfigDict fields changed from the user's
-        file (empty for the user's own workload); ``whatif_diff`` is that
-        change as a diff of the user's file.
-
-    The result fields (``config`` ... ``report``) are filled by the ``need_*``
-    methods, or seeded from a materialized audit.
-    """
-
-    workload: Workload
-    runner: Runner
-    kb: KnowledgeBase
-    out_dir: Path
-    steps: int = 10
-    bench_steps: int = 20
-    repeats: int = 3
-    warmup: int = 2
-    log: Log = field(default=lambda s: None, repr=False)
-    overrides: dict[str, Any] = field(default_factory=dict)
-    whatif_diff: str = ""
-    config: ConfigDict | None = None
-    before: RunMetrics | None = None
-    matches: list[RuleMatch] | None = None
-    patch: Patch | None = None
-    bench: dict[str, BenchmarkResult] | None = None
-    after: RunMetrics | None = None
-    report: AuditReport | None = None
-    report_path: Path | None = None
-    variants: dict[str, AuditSession] = field(default_factory=dict, repr=False)
-
-    @classmethod
-    def start(cls, workload: Workload, runner: Runner, kb: KnowledgeBase | None = None, **kw: Any) -> AuditSession:
-        """A fresh session writing under ``$GOBLIN_HOME/audits/<workload>-chat-<id>``; ``kw`` as the fields."""
-        out = goblin_home() / "audits" / f"{workload.name}-chat-{uuid.uuid4().hex[:8]}"
-        return cls(workload=workload, runner=runner, kb=kb or load_kb(), out_dir=out, **kw)
-
-    # -- stages, each run at most once (the same functions as run_audit, in its order)
-
-    def need_config(self) -> ConfigDict:
-        """Stage 1, ``training_config``.  Raises ConfigParseError."""
-        if self.config is None:
-            self.config = stages.training_config(self.workload)
-        return self.config
-
-    def need_profile(self) -> RunMetrics:
-        """Stage 2, ``profile_run`` of the original.  Raises RunFailed."""
-        if self.before is None:
-            self.before = stages.profile(self.workload, self.runner, self.steps, label="profile", warmup=self.warmup)
-        return self.before
-
-    def need_matches(self) -> list[RuleMatch]:
-        """Stage 5, ``kb_matches`` (detect conditions on the measured run, retrieval scores)."""
-        if self.matches is None:
-            self.matches = stages.kb_matches(self.need_config(), self.need_profile(), self.kb)
-        return self.matches
-
-    def need_patch(self) -> Patch:
-        """Stage 6, ``patch`` of the user's file (a copy under ``out_dir``).  Raises PatchError."""
-        if self.patch is None:
-            self.patch = stages.patch(self.need_config(), self.kb, self.need_matches(), self.need_profile(),
-                                      self.workload, self.out_dir)
-        return self.patch
-
-    def need_bench(self) -> dict[str, BenchmarkResult]:
-        """Stage 7: baseline vs patched (benchmark cache), then the patched run profiled.  Raises RunFailed."""
-        if self.bench is None:
-            self.bench = stages.benchmarks(self.workload, self.runner, self.need_config(), self.need_patch(),
-                                           self.bench_steps, self.repeats, log=self.log)
-        if self.after is None:
-            self.after = stages.profile(self.workload, self.runner, self.steps, p=self.need_patch(), label="patched",
-                                        warmup=self.warmup)
-        return self.bench
-
-    def need_report(self) -> AuditReport:
-        """Stage 8, ``compare_runs``; writes report.md/.png/.html into ``out_dir``."""
-        if self.report is None:
-            bench = self.need_bench()
-            self.report = compare_runs(self.need_profile(), self.after, bench, self.need_patch(), self.need_config(),
-                                       model=self.workload.model)
-            self.report_path = write_report(self.report, self.out_dir)
-        return self.report
-
-    # -- what-if
-
-    def variant(self, overrides: dict[str, Any] | None) -> AuditSession:
-        """The session of the user's workload with ``overrides`` written into a copy of its file.
-
-        Returns ``self`` when ``overrides`` is empty or changes nothing; the
-        same child session for the same overrides.
-
-        Raises
-        ------
-        ToolInputError
-            An unknown field or a value the ConfigDict does not accept.
-        PatchError
-            The value cannot be written into the user's file.
-        """
-        if self.overrides:
-            raise ToolInputError("overrides: a what-if session takes no further overrides")
-        if not overrides:
-            return self
-        cfg = self.need_config()
-        unknown = sorted(set(overrides) - set(CONFIG_FIELDS))
-        if unknown:
-            raise ToolInputError(f"overrides: unknown field(s) {', '.join(unknown)}; "
-                                 f"the fields are {', '.join(CONFIG_FIELDS)}")
-        try:
-            ConfigDict.model_validate({**cfg.values(), **overrides})
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            raise ToolInputError(f"overrides.{first['loc'][0]}: {first['msg']}") from None
-        changes = {k: v for k, v in overrides.items() if cfg.values()[k] != v}
-        if not changes:
-            return self
-        key = json.dumps(changes, sort_keys=True, default=str)
-        if key not in self.variants:
-            src = self.workload.config_file
-            original = src.read_text(encoding="utf-8")
-            edited = edit_source(cfg, changes, src)
-            out = self.out_dir / f"whatif-{hashlib.sha256(key.encode()).hexdigest()[:8]}"
-            copy = out / "source"  # not out/workload: the patch stage writes its patched copy there
-            if copy.exists():
-                shutil.rmtree(copy)
-            shutil.copytree(self.workload.root, copy, ignore=shutil.ignore_patterns("__pycache__", ".git"))
-            rel = src.resolve().relative_to(self.workload.root.resolve()).as_posix()
-            (copy / rel).write_text(edited, encoding="utf-8")
-            self.variants[key] = AuditSession(
-                workload=self.workload.model_copy(update={"root": copy}), runner=self.runner, kb=self.kb,
-                out_dir=out, steps=self.steps, bench_steps=self.bench_steps, repeats=self.repeats,
-                warmup=self.warmup, log=self.log, overrides=changes, whatif_diff=unified_diff(original, edited, rel))
-        return self.variants[key]
+#: A tool argument the session cannot use (the what-if's error; kept under the tools' name).
+ToolInputError = WhatIfError
 
 
 # --------------------------------------------------------------------------- summaries (what a model sees)
@@ -210,7 +50,7 @@ def _whatif(s: AuditSession) -> dict[str, Any]:
 
 def config_summary(s: AuditSession) -> dict[str, Any]:
     """The ConfigDict fields, where each came from (literal/default/...), and the parser's warnings."""
-    cfg = s.need_config()
+    cfg = s.training_config()
     return {**_whatif(s), "file": Path(cfg.source_file).name, "format": cfg.source_format, "config": cfg.values(),
             "value_from": {k: p.kind for k, p in cfg.provenance.items() if k in CONFIG_FIELDS},
             "warnings": cfg.warnings}
@@ -236,17 +76,17 @@ def run_summary(m: RunMetrics) -> dict[str, Any]:
 
 def profile_summary(s: AuditSession) -> dict[str, Any]:
     """:func:`run_summary` of the session's profiled original."""
-    return {**_whatif(s), **run_summary(s.need_profile())}
+    return {**_whatif(s), **run_summary(s.profile_run())}
 
 
 def kb_summary(s: AuditSession, symptom: str = "") -> dict[str, Any]:
     """Fired rules with their evidence, the rules closest to the measured symptoms, and a free-text search."""
-    matches = s.need_matches()
+    matches = s.kb_matches()
     out: dict[str, Any] = {
         "rules_checked": len(matches),
-        "fired": [{"rule": m.rule_id, "category": s.kb.by_id[m.rule_id].category,
-                   "targets_bucket": s.kb.by_id[m.rule_id].targets_bucket, "evidence": m.evidence}
-                  for m in matches if m.fired and m.rule_id in s.kb.by_id],
+        "fired": [{"rule": m.rule_id, "category": s.rules().by_id[m.rule_id].category,
+                   "targets_bucket": s.rules().by_id[m.rule_id].targets_bucket, "evidence": m.evidence}
+                  for m in matches if m.fired and m.rule_id in s.rules().by_id],
         "closest_to_measured_symptoms": [
             {"rule": m.rule_id, "similarity": _r(m.retrieval_score, 3), "fired": m.fired}
             for m in sorted((m for m in matches if m.retrieval_score is not None),
@@ -254,13 +94,13 @@ def kb_summary(s: AuditSession, symptom: str = "") -> dict[str, Any]:
     }
     if symptom:
         out["search"] = [{"rule": r.id, "similarity": _r(score, 3), "symptom": r.symptom.strip()}
-                         for r, score in query_rocm_kb(symptom, top_k=5, kb=s.kb)]
+                         for r, score in query_rocm_kb(symptom, top_k=5, kb=s.rules(), index=s.kb_index())]
     return out
 
 
 def patch_summary(s: AuditSession) -> dict[str, Any]:
     """Applied rules (changes, predicted share of the step, citation), dropped ones, predicted range, the diff."""
-    p = s.need_patch()
+    p = s.patch()
     return {
         **_whatif(s),
         "applied": [{"rule": a.rule_id, "category": a.category, "targets_bucket": a.targets_bucket,
@@ -277,29 +117,47 @@ def _arm(b: BenchmarkResult) -> dict[str, Any]:
             "cache_hit": b.cache_hit}
 
 
+def _not_observable(s: AuditSession, stage: str) -> dict[str, Any]:
+    return {**_whatif(s), "status": "not_observable", "reason": s.not_observable.get(stage, "")}
+
+
 def bench_summary(s: AuditSession, root: AuditSession | None = None) -> dict[str, Any]:
     """Baseline vs patched medians (measured, or replayed from the benchmark cache) and their ratio.
 
     For a what-if session, ``vs_original`` relates both arms to the
-    original's benchmarked baseline (``root``) when it was benchmarked.
+    original's benchmarked baseline (``root``) when it was benchmarked.  A
+    replay benchmarks nothing: ``status`` ``not_observable`` and the reason.
     """
-    bench = s.need_bench()
+    bench, after = s.benchmarks(), s.patched_run()
+    if bench is None or after is None:
+        return _not_observable(s, "benchmarks")
     b, p = bench["baseline"], bench["patched"]
-    out = {**_whatif(s), "unit": s.before.throughput_unit if s.before else s.workload.unit + "/s",
-           "steps_per_repeat": s.bench_steps, "repeats": len(b.throughputs),
+    out = {**_whatif(s), "unit": s.profile_run().throughput_unit,
+           "steps_per_repeat": s.settings.bench_steps, "repeats": len(b.throughputs),
            "baseline": _arm(b), "patched": _arm(p), "speedup": _r(p.median / b.median, 3),
-           "patched_profile": {"step_time_ms": _ms(s.after.step_time_s),
-                               "waste_budget_ms": {k: _ms(v.seconds) for k, v in s.after.waste_budget.items()}}}
-    if root is not None and root is not s and root.bench:
-        ob = root.bench["baseline"].median
+           "patched_profile": {"step_time_ms": _ms(after.step_time_s),
+                               "waste_budget_ms": {k: _ms(v.seconds) for k, v in after.waste_budget.items()}}}
+    root_bench = root.results.get("benchmarks") if root is not None and root is not s else None
+    if root_bench:
+        ob = root_bench["baseline"].median
         out["vs_original"] = {"original_baseline_median": _r(ob, 1), "as_is": _r(b.median / ob, 3),
                               "with_patch": _r(p.median / ob, 3)}
     return out
 
 
 def report_summary(s: AuditSession) -> dict[str, Any]:
-    """The before/after report in numbers, and the exact tuple its recommendation holds for."""
-    rep = s.need_report()
+    """The before/after report in numbers, and the exact tuple its recommendation holds for.
+
+    For a replay: the recorded (replayed or modelled) numbers, the predicted
+    range and ``measured_speedup`` null with the reason.
+    """
+    rep = s.audit_report()
+    applied = [{"rule": a.rule_id, "predicted_share_of_step": _r(a.predicted_recovery, 3),
+                "source": f"{a.citation.title}, {a.citation.section}"} for a in s.patch().applied]
+    if isinstance(rep, ReplayReport):
+        return {**_not_observable(s, "benchmarks"), "measured_speedup": None, "provenance": rep.provenance,
+                "predicted_speedup": [_r(rep.predicted_low), _r(rep.predicted_high)], "confidence": _r(rep.confidence),
+                "applied": applied, "report": str(s.report_path)}
     return {
         **_whatif(s),
         # rounded once, as the report prints it (2 decimals): 1.4047 rounded to 3 and then printed with
@@ -311,8 +169,7 @@ def report_summary(s: AuditSession) -> dict[str, Any]:
         "waste_budget_ms": {bc.bucket: {"original": _ms(bc.before_s), "patched": _ms(bc.after_s),
                                         "original_share": _r(bc.before_share, 3), "status": bc.before_status}
                             for bc in rep.buckets},
-        "applied": [{"rule": a.rule_id, "predicted_share_of_step": _r(a.predicted_recovery, 3),
-                     "source": f"{a.citation.title}, {a.citation.section}"} for a in rep.applied],
+        "applied": applied,
         "holds_for": {"workload": rep.workload, "model": rep.model, "device": rep.device,
                       "accelerator": rep.accelerator_version, "torch": rep.torch_version, "shape": rep.batch_shape},
         "report": str(s.report_path) if s.report_path else None,
@@ -355,7 +212,7 @@ def _params(**props: dict[str, Any]) -> dict[str, Any]:
 
 
 def _variant_call(summary: Callable[[AuditSession], dict[str, Any]]) -> Callable[..., dict[str, Any]]:
-    return lambda s, overrides=None: summary(s.variant(overrides))
+    return lambda s, overrides=None: summary(s.what_if(overrides))
 
 
 TOOLS: dict[str, Tool] = {t.name: t for t in (
@@ -373,7 +230,7 @@ TOOLS: dict[str, Tool] = {t.name: t for t in (
          _params(overrides=_OVERRIDES), _variant_call(patch_summary)),
     Tool("benchmark", "Measure original vs patched throughput (alternating repeats, no profiler; cached by config, "
          "script, image and runner code), then profile the patched run.",
-         _params(overrides=_OVERRIDES), lambda s, overrides=None: bench_summary(s.variant(overrides), root=s)),
+         _params(overrides=_OVERRIDES), lambda s, overrides=None: bench_summary(s.what_if(overrides), root=s)),
     Tool("compare_runs", "Compare the original and patched runs: measured vs predicted speedup, the waste budget "
          "before and after, applied rules, and the exact tuple the result holds for; writes the report.",
          _params(), report_summary),

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from goblin_assets import goblin_home
-from goblin_assets.audit.profile import failed_metrics, throughput_fields
-from goblin_assets.contracts import BenchmarkResult, RunMetrics, RunProvenance
+from goblin_assets.audit.profile import failed_metrics, timed_metrics
+from goblin_assets.contracts import BenchmarkResult, RunMetrics
 from goblin_assets.errors import RunFailed
 from goblin_assets.runners.image import read_rocm_image
 from goblin_assets.runners.base import Runner
@@ -106,12 +106,7 @@ def benchmark(workload: Workload, runner: Runner, arms: dict[str, dict[str, Any]
                              env=a.get("env"), unset_env=a.get("unset_env"), label=f"bench-{lab}-{rep}")
             if not raw.ok:
                 raise RunFailed(f"benchmark {lab}: {raw.failure}", failed_metrics(raw, workload))
-            m = RunMetrics(workload=workload.name, unit=workload.unit, run_dir=str(raw.run_dir),
-                           provenance=RunProvenance(kind="measured", device=raw.result.get("device", "cpu"),
-                                                    source=str(raw.run_dir),
-                                                    torch_version=raw.result.get("torch_version"),
-                                                    cpu_count=raw.result.get("cpu_count")),
-                           **throughput_fields(raw, workload))
+            m = timed_metrics(raw, workload)
             runs[lab].append(m)
             log(f"benchmark {lab} repeat {rep + 1}/{repeats}: {m.throughput:.1f} {workload.unit}/s")
     for lab in todo:

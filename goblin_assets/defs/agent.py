@@ -2,11 +2,12 @@
 
 import dagster as dg
 
-from goblin_assets.agent import AuditSession, FinalReport, make_backend, run_agent, transcript_markdown
-from goblin_assets.audit.corpus import ReplayReport
+from goblin_assets.agent import FinalReport, run_agent, transcript_markdown
+from goblin_assets.agent.factory import make_backend
 from goblin_assets.audit.kb import KnowledgeBase
 from goblin_assets.contracts import BenchmarkResult, ConfigDict, Patch, RuleMatch, RunMetrics
 from goblin_assets.defs.partitions import workloads_partitions
+from goblin_assets.defs.audit import audit_session
 from goblin_assets.defs.resources import RunnerResource
 from goblin_assets.runners.workload import Workload
 
@@ -28,23 +29,15 @@ def audit_conversation(context: dg.AssetExecutionContext, config: ConversationCo
 
     The session is seeded with this partition's materialized stages, so only a what-if question runs anything.
     ``audit_report`` is an ``AuditReport``, or a ``ReplayReport`` for a replay workload (the synthetic
-    corpus; left unannotated because Dagster types take no unions): a replay has no measured benchmark
-    to talk about, so the asset says so and runs no agent.
+    corpus; left unannotated because Dagster types take no unions).  A replay benchmarks nothing: the
+    agent's benchmark and comparison tools say so (not observable, with the reason) and its rules were
+    checked on the recorded host.
     """
-    if isinstance(audit_report, ReplayReport) or benchmark_baseline is None or benchmark_patched is None:
-        why = (f"{workload_source.name} is a {audit_report.provenance} recording "
-               f"({getattr(audit_report, 'source', '') or 'no source'}): nothing was measured, so there is no "
-               "benchmark for the agent to discuss")
-        context.log.info(f"audit_conversation skipped: {why}")
-        return dg.MaterializeResult(metadata={"transcript": dg.MetadataValue.md(f"_Not run_: {why}."),
-                                              "backend": "none", "tool_calls": 0, "capped": False,
-                                              "model_error": ""})
-    bench_p, after = benchmark_patched
-    session = AuditSession.start(
-        workload_source, runner.get_runner(), kb=kb_rules, steps=runner.profiled_steps, bench_steps=runner.bench_steps,
-        repeats=runner.bench_repeats, warmup=runner.warmup_steps, log=context.log.info, config=training_config,
-        before=profile_run, matches=kb_matches, patch=patch,
-        bench={"baseline": benchmark_baseline, "patched": bench_p}, after=after, report=audit_report)
+    bench_p, after = benchmark_patched if benchmark_patched is not None else (None, None)
+    bench = {"baseline": benchmark_baseline, "patched": bench_p} if benchmark_baseline is not None else None
+    session = audit_session(context, workload_source, runner, kb=kb_rules, training_config=training_config,
+                            profile_run=profile_run, kb_matches=kb_matches, patch=patch, benchmarks=bench,
+                            patched_run=after, audit_report=audit_report)
     events = list(run_agent(make_backend(), session, config.question))
     final: FinalReport = events[-1]  # run_agent always ends with one
     return dg.MaterializeResult(metadata={

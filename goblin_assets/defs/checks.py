@@ -6,20 +6,18 @@ import warnings
 import dagster as dg
 import pandas as pd
 import pandera.errors
-from dagster_duckdb import DuckDBResource
 
 from goblin_assets.contracts import RunMetrics
 from goblin_assets.defs.partitions import workloads_partitions
-from goblin_assets.warehouse.db import ensure_tables
+from goblin_assets.defs.resources import POOL, WarehouseResource
 from goblin_assets.warehouse.tables import TABLES, schema
 
 #: The waste buckets must add up to the measured step time within this (issue 4).
 SUM_TOLERANCE = 0.05
 
-POOL = "warehouse_writer"  # the table checks read DuckDB: never beside a writer (one process at a time)
-
 #: (asset, warehouse table it writes) -> what the rows are; one blocking pandera check each.
 TABLE_ASSETS: dict[tuple[str, str], str] = {
+    ("training_config", "configs"): "the parsed config, one row per field with its value, status and provenance",
     ("profile_run", "kernels"): "the profiled run's top kernels (name, percent of time)",
     ("waste_budget", "waste_budget"): "the profiled run's waste budget, one row per bucket",
     ("tensor_sketches", "sketches"): "sketch rows (tidy: site, role, stat, idx, value)",
@@ -41,7 +39,7 @@ def _written(instance: dg.DagsterInstance, partition: str, asset: str, table: st
 
 
 def read_back(instance: dg.DagsterInstance, partition: str, asset: str, table: str,
-              duckdb: DuckDBResource) -> dg.AssetCheckResult:
+              warehouse: WarehouseResource) -> dg.AssetCheckResult:
     """Read the rows ``asset`` wrote to ``table`` for ``partition`` back from the warehouse and validate them.
 
     The rows are found by the ids its latest materialization recorded (``written`` metadata); they must
@@ -49,9 +47,7 @@ def read_back(instance: dg.DagsterInstance, partition: str, asset: str, table: s
     replay's benchmark: not observable) passes with its status in the metadata.
     """
     w = _written(instance, partition, asset, table)
-    with duckdb.get_connection() as con:
-        ensure_tables(con)
-        df = con.execute(f'SELECT * FROM "{table}" WHERE list_contains(?, "{w["key"]}")', [w["ids"]]).df()
+    df = warehouse.query(f'SELECT * FROM "{table}" WHERE list_contains(?, "{w["key"]}")', [w["ids"]])
     res = validate_rows(table, df, expected_rows=w["rows"])
     return dg.AssetCheckResult(passed=res.passed, metadata={**res.metadata, "ids": dg.MetadataValue.json(w["ids"]),
                                                              "status": w["status"]})
@@ -78,8 +74,8 @@ def table_check(asset: str, table: str, what: str) -> dg.AssetChecksDefinition:
     @dg.asset_check(name=f"{table}_schema", asset=asset, blocking=True, partitions_def=workloads_partitions,
                     pool=POOL, description=f"The `{table}` rows this partition wrote ({what}) are all in the "
                                            f"warehouse and match its pandera schema.")
-    def _check(context: dg.AssetCheckExecutionContext, duckdb: DuckDBResource) -> dg.AssetCheckResult:
-        return read_back(context.instance, context.partition_key, asset, table, duckdb)
+    def _check(context: dg.AssetCheckExecutionContext, warehouse: WarehouseResource) -> dg.AssetCheckResult:
+        return read_back(context.instance, context.partition_key, asset, table, warehouse)
 
     return _check
 

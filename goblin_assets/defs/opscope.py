@@ -3,13 +3,9 @@
 reports the driver's correctness gate as a blocking asset check."""
 
 import dagster as dg
-from dagster_duckdb import DuckDBResource
 
-from goblin_assets.defs.resources import RunnerResource
-from goblin_assets.warehouse.db import ensure_tables, write_frames
+from goblin_assets.defs.resources import POOL, RunnerResource, WarehouseResource
 from goblin_assets.warehouse.tables import TABLES
-
-POOL = "warehouse_writer"  # every asset that writes DuckDB: one writer at a time
 _KW = dict(group_name="opscope", pool=POOL, kinds={"pytorch", "duckdb"})
 
 #: The gate check's name on every driver asset.
@@ -58,7 +54,7 @@ def _log_progress(context: dg.AssetExecutionContext, res) -> None:
 
 
 def _record(context: dg.AssetExecutionContext, driver: str, config: OpscopeConfig, runner: RunnerResource,
-            duckdb: DuckDBResource) -> dg.MaterializeResult:
+            warehouse: WarehouseResource) -> dg.MaterializeResult:
     """Run ``driver`` on the runner's device; write its rows (only if its gate passed); attach metadata and the gate."""
     from goblin_assets.opscope.drivers import run_driver  # torch: imported when a driver runs, not at load
 
@@ -67,9 +63,7 @@ def _record(context: dg.AssetExecutionContext, driver: str, config: OpscopeConfi
     _log_progress(context, res)
     n = 0
     if res.gate_passed:  # a graph whose outputs changed under the taps records nothing
-        with duckdb.get_connection() as con:
-            ensure_tables(con)
-            n = write_frames(con, {"sketches": res.rows})["sketches"]
+        n = warehouse.write({"sketches": res.rows})["dagster/row_count"].value
     for note in res.notes:
         context.log.warning(note)
     return dg.MaterializeResult(check_results=[_gate_result(res)], metadata={
@@ -98,8 +92,8 @@ def driver_asset(driver: str) -> dg.AssetsDefinition:
 
     @dg.asset(name=name, description=DRIVERS[driver], check_specs=[gate], **_KW)
     def _asset(context: dg.AssetExecutionContext, config: OpscopeConfig, runner: RunnerResource,
-               duckdb: DuckDBResource) -> dg.MaterializeResult:
-        return _record(context, driver, config, runner, duckdb)
+               warehouse: WarehouseResource) -> dg.MaterializeResult:
+        return _record(context, driver, config, runner, warehouse)
 
     return _asset
 

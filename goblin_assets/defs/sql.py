@@ -2,22 +2,29 @@
 import hashlib
 
 import dagster as dg
-from dagster_duckdb import DuckDBResource
 
-from goblin_assets.warehouse.db import ensure_tables
+from goblin_assets.defs.resources import POOL, WarehouseResource
 from goblin_assets.warehouse.sql_models import SqlModel, build_model, load_models
 
-#: Which asset writes each warehouse table (the SQL's table names map to these).
+#: Which assets write each warehouse table (the SQL's table names map to these); every table of
+#: ``warehouse.tables.TABLES`` has its writers here (tests/test_sql_models.py checks it).
 TABLE_PRODUCERS: dict[str, list[str]] = {
-    "runs": ["profile_run", "benchmark_patched"],
+    "configs": ["training_config"],
+    "runs": ["profile_run", "tensor_sketches", "benchmark_patched"],
     "kernels": ["profile_run", "benchmark_patched"],
     "waste_budget": ["waste_budget", "benchmark_patched"],
-    "sketches": ["tensor_sketches", "opscope_sweep", "opscope_seq", "opscope_digits", "opscope_minilm"],
-    "patterns": ["mined_patterns", "opscope_patterns"],
+    "sketches": ["tensor_sketches", "opscope_sweep", "opscope_seq", "opscope_digits", "opscope_minilm",
+                 "inference_dynamics"],
+    "patterns": ["mined_patterns", "opscope_patterns", "inference_dynamics", "probes", "roofline", "dataflow",
+                 "plan"],
     "kb_matches": ["kb_matches"],
     "kb_embeddings": ["kb_index"],
     "benchmarks": ["benchmark_baseline", "benchmark_patched"],
     "audits": ["audit_report"],
+    "probes": ["probes"],
+    "roofline": ["roofline"],
+    "plan": ["plan"],
+    "online_sketches": ["online_sketches"],
 }
 
 
@@ -29,12 +36,11 @@ def _deps(model: SqlModel, names: set[str]) -> list[dg.AssetKey]:
 
 
 def _sql_asset(model: SqlModel, names: set[str]) -> dg.AssetsDefinition:
-    @dg.asset(name=model.name, group_name=f"sql_{model.layer}", deps=_deps(model, names), pool="warehouse_writer",
+    @dg.asset(name=model.name, group_name=f"sql_{model.layer}", deps=_deps(model, names), pool=POOL,
               kinds={"duckdb", "sql"}, description=model.description or f"{model.materialized} from {model.path.name}",
               code_version=hashlib.sha256(model.sql.encode()).hexdigest()[:12], metadata={"path": dg.MetadataValue.path(str(model.path))})
-    def _build(context: dg.AssetExecutionContext, duckdb: DuckDBResource) -> dg.MaterializeResult:
-        with duckdb.get_connection() as con:
-            ensure_tables(con)
+    def _build(context: dg.AssetExecutionContext, warehouse: WarehouseResource) -> dg.MaterializeResult:
+        with warehouse.connection() as con:
             rows = build_model(con, model)
             cols = con.execute(f'DESCRIBE "{model.name}"').fetchall()
             preview = con.execute(f'SELECT * FROM "{model.name}" LIMIT 10').df()

@@ -4,7 +4,7 @@ Three entry points:
 
 * :func:`motifs` — linear op-subsequence motifs on an op chain (n-grams that
   repeat, counted without overlap, kept when no longer motif has the same count);
-* :func:`flow` — repeated dataflow sub-DAGs: every node's input cone is hashed
+* :func:`dataflow` — repeated dataflow sub-DAGs: every node's input cone is hashed
   merkle-style at bounded depths; nodes whose cones hash alike seed a class,
   whose cones are then grown in lockstep (every instance takes the same op at
   the same input position, no node is shared between instances) up to a depth
@@ -365,7 +365,7 @@ def fusion_name(kinds: Sequence[str]) -> list[str]:
     return names or ["repeated_subgraph"]
 
 
-def flow(g: OpGraph, max_depth: int = 32, seed_depths: Sequence[int] = (1, 2, 3, 4, 6, 8),
+def dataflow(g: OpGraph, max_depth: int = 32, seed_depths: Sequence[int] = (1, 2, 3, 4, 6, 8),
          min_size: int = 2, top: int = 20) -> pd.DataFrame:
     """Repeated dataflow sub-DAGs of ``g`` and the fusion candidates they name.
 
@@ -469,8 +469,8 @@ def flow(g: OpGraph, max_depth: int = 32, seed_depths: Sequence[int] = (1, 2, 3,
                                              "root_kind", "roots", "ops", "within", "coverage"])
 
 
-def flow_findings(cones: pd.DataFrame, run_id: str = "flow", workload: str = "graph") -> pd.DataFrame:
-    """``patterns`` rows (finding ``fusion_candidate``) from :func:`flow` output.
+def dataflow_findings(cones: pd.DataFrame, run_id: str = "dataflow", workload: str = "graph") -> pd.DataFrame:
+    """``patterns`` rows (finding ``fusion_candidate``) from :func:`dataflow` output.
 
     ``site`` is the class's first root node, ``role`` is ``graph``, ``score`` is
     ``count x (size + 1)``; the evidence carries the name, count, size, ops

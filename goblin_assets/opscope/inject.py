@@ -605,7 +605,7 @@ def inject_matmul_stats(model_or_graph, example_inputs: tuple = (), example_kwar
     Source
     ------
     Graph capture: ``torch.export`` (https://pytorch.org/docs/stable/export.html);
-    the out-spec clearing: measured (``../shared/measured_facts.md``).
+    the out-spec clearing: measured (``docs/measured_facts.md`` "Graph-rewrite taps").
     """
     kinds = {"matmul", "softmax", "topk"} if infer else {"matmul"}
     return _inject(model_or_graph, tuple(example_inputs), dict(example_kwargs or {}), kinds, sketches, row_sample,

@@ -76,7 +76,7 @@ POS_CV = 0.75
 STATIONARY_CV = 1e-4
 
 SCALARS = ("min", "max", "mean", "l1", "sumsq", "nnz", "kurtosis", "chan_outlier")
-_LOW_RANK_NOTE = "low rank is not observable from these sketches; a host probe is needed (goblin opscope probe)"
+_LOW_RANK_NOTE = "low rank is not observable from these sketches; a host probe is needed (goblin opscope probes)"
 
 
 class _Rows:

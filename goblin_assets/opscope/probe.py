@@ -363,10 +363,15 @@ def minilm_tensors(texts: list[str] | None = None, layers: tuple[int, ...] = (0,
     return out
 
 
-def probe_file(path: str | Path) -> dict[str, dict]:
-    """:func:`probe_tensor` on every tensor of a safetensors file (activations: names ending ``.input``).
+def probe_tensors(tensors: Mapping[str, torch.Tensor]) -> dict[str, dict]:
+    """:func:`probe_tensor` on every named tensor: weights per output row (axis 0), activations per feature.
 
-    Weights are probed per output row (axis 0), activations per feature (axis −1).
+    A name ending ``.input`` is an activation (probed along axis −1, its
+    features); any other is a weight (axis 0, its output rows).
     """
-    tensors = load_tensor(path)
     return {n: probe_tensor(t, channel_axis=-1 if n.endswith(".input") else 0) for n, t in tensors.items()}
+
+
+def probe_file(path: str | Path) -> dict[str, dict]:
+    """:func:`probe_tensors` on every tensor of a safetensors file.  Raises ProbeError (unreadable file)."""
+    return probe_tensors(load_tensor(path))

@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import json
 import uuid
+from dataclasses import dataclass
 
 import pandas as pd
 
 from goblin_assets.errors import RunFailed
 from goblin_assets.runners.base import Runner
+from goblin_assets.runners.result import RawRun
 from goblin_assets.runners.workload import Workload
 from goblin_assets.warehouse.frames import text
 from goblin_assets.warehouse.tables import TEXT
@@ -17,13 +19,24 @@ SKETCH_COLUMNS = ["run_id", "workload", "model", "step", "backend", "dist", "M",
                   "site", "role", "stat", "idx", "value"]
 
 
-def record_workload(workload: Workload, runner: Runner, steps: int = 3, warmup: int = 1,
-                    run_id: str | None = None) -> pd.DataFrame:
+@dataclass
+class SketchRecording:
+    """A sketch recording of a workload: the tidy rows and the child run that produced them.
+
+    ``rows`` has the columns :data:`SKETCH_COLUMNS`; ``raw`` is the run (its
+    harness clock times the recorded steps, taps included).
+    """
+
+    rows: pd.DataFrame
+    raw: RawRun
+
+
+def record_sketches(workload: Workload, runner: Runner, steps: int = 3, warmup: int = 1,
+                    run_id: str | None = None) -> SketchRecording:
     """Tap every forward matmul of ``workload`` for ``steps`` optimizer steps.
 
     The taps run in the child process (:class:`goblin_assets.opscope.taps.MatmulTap`),
-    on the device, read back once per step.  Returns the tidy rows (columns
-    :data:`SKETCH_COLUMNS`; ``dist`` is ``"workload"``).
+    on the device, read back once per step.  The rows' ``dist`` is ``"workload"``.
 
     Raises
     ------
@@ -39,9 +52,15 @@ def record_workload(workload: Workload, runner: Runner, steps: int = 3, warmup: 
     if df.empty:
         raise RunFailed(f"tensor_sketches: {workload.script}: no matmul ran in {steps} steps")
     consts = {"run_id": run_id or uuid.uuid4().hex[:12], "workload": workload.name, "model": workload.model,
-              "backend": raw.result.get("device", "cpu"), "dist": "workload"}
+              "backend": raw.result.device, "dist": "workload"}
     for col in ("site", "role", "stat"):
         df[col] = df[col].astype(TEXT)
     for col, v in consts.items():
         df[col] = text(v, len(df))
-    return df[SKETCH_COLUMNS]
+    return SketchRecording(df[SKETCH_COLUMNS], raw)
+
+
+def record_workload(workload: Workload, runner: Runner, steps: int = 3, warmup: int = 1,
+                    run_id: str | None = None) -> pd.DataFrame:
+    """The rows of :func:`record_sketches` (columns :data:`SKETCH_COLUMNS`).  Raises RunFailed."""
+    return record_sketches(workload, runner, steps, warmup, run_id).rows

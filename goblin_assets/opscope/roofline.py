@@ -1,10 +1,12 @@
 """Roofline of a run's GEMMs: FLOPs, bytes, arithmetic intensity, and which roof binds on which device.
 
 Input: a torch.profiler Chrome trace recorded with ``record_shapes=True``, whose
-``cpu_op`` events for ``aten::mm``, ``aten::addmm``, ``aten::bmm``,
-``aten::baddbmm`` and ``aten::_int_mm`` carry ``Input Dims`` and ``Input type``
-(``shared/profiling_facts.md`` section 2).  Only these leaf ops are read, so a
-``linear`` that dispatches to ``addmm`` is counted once.
+``cpu_op`` events for the leaf GEMM ops of the category table
+(:func:`goblin_assets.runners.categories.gemm_operands`: ``aten::mm``,
+``aten::addmm``, ``aten::_addmm_activation``, ``aten::bmm``, ``aten::baddbmm``,
+``aten::_int_mm``) carry ``Input Dims`` and ``Input type`` (``docs/sources.md``
+"Profiler trace format").  Only these leaf ops are read, so a ``linear`` that
+dispatches to ``addmm`` is counted once.
 
 Per op shape: FLOPs = 2·B·M·N·K; bytes = the operands and the result at their
 real element size (the trace's ``Input type``, never an assumed fp32), plus the
@@ -22,6 +24,7 @@ from pathlib import Path
 import pandas as pd
 
 from goblin_assets.errors import GoblinError
+from goblin_assets.runners.categories import gemm_operands
 from goblin_assets.runners.peaks import PEAKS, DevicePeak, lookup_gpu_peak
 from goblin_assets.warehouse.tables import columns
 
@@ -30,14 +33,6 @@ DTYPE_BYTES = {
     "float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "signed char": 1, "unsigned char": 1,
     "int": 4, "long int": 8, "short int": 2, "bool": 1, "c10::Float8_e4m3fn": 1, "c10::Float8_e5m2": 1,
     "c10::Float8_e4m3fnuz": 1, "c10::Float8_e5m2fnuz": 1, "c10::complex<float>": 8,
-}
-#: op -> (index of lhs, index of rhs, index of added input or None, batched)
-GEMM_OPS = {
-    "aten::mm": (0, 1, None, False),
-    "aten::addmm": (1, 2, 0, False),
-    "aten::bmm": (0, 1, None, True),
-    "aten::baddbmm": (1, 2, 0, True),
-    "aten::_int_mm": (0, 1, None, False),
 }
 _LOW_PRECISION = {"c10::Half", "c10::BFloat16", "signed char", "c10::Float8_e4m3fn", "c10::Float8_e5m2",
                   "c10::Float8_e4m3fnuz", "c10::Float8_e5m2fnuz"}
@@ -52,7 +47,8 @@ def _numel(dims) -> int:
 
 
 def gemm_shape(op: str, dims: list, types: list) -> dict | None:
-    """FLOPs and bytes of one GEMM call from its recorded ``Input Dims`` / ``Input type``.
+    """FLOPs and bytes of one leaf GEMM call (``op``: a key of the category table's ``gemm_operands``)
+    from its recorded ``Input Dims`` / ``Input type``.
 
     Shapes
     ------
@@ -63,7 +59,8 @@ def gemm_shape(op: str, dims: list, types: list) -> dict | None:
     ``flops`` (FLOP), ``bytes`` (B), ``intensity_flop_per_byte``.
     Returns None when the dims are missing or not a matmul (e.g. an empty list).
     """
-    li, ri, ci, batched = GEMM_OPS[op]
+    operands = gemm_operands(op)
+    li, ri, ci, batched = operands.lhs, operands.rhs, operands.bias, operands.batched
     if len(dims) <= max(li, ri) or len(types) <= max(li, ri):
         return None
     a, b = dims[li], dims[ri]
@@ -101,7 +98,7 @@ def trace_gemms(trace_path: str | Path) -> tuple[pd.DataFrame, str | None]:
     rows, seen = [], 0
     for e in trace.get("traceEvents", []):
         name = e.get("name")
-        if e.get("ph") != "X" or name not in GEMM_OPS:
+        if e.get("ph") != "X" or gemm_operands(name) is None:
             continue
         seen += 1
         args = e.get("args", {})
@@ -142,7 +139,7 @@ def ridge_point(peak: DevicePeak, dtype: str) -> float:
     return tflops / peak.hbm_tb_s
 
 
-def shapes(gemms: pd.DataFrame, run_id: str = "shapes", source: str = "trace",
+def roofline(gemms: pd.DataFrame, run_id: str = "roofline", source: str = "trace",
            devices: dict[str, DevicePeak] | None = None) -> pd.DataFrame:
     """Roofline rows per GEMM shape and device (the ``roofline`` table).
 
@@ -207,8 +204,8 @@ def hot_shapes(roof: pd.DataFrame, cover: float = 0.8) -> pd.DataFrame:
     return one[["shape", "count", "dur_us", "share", "cum_share", "autotune_target"]]
 
 
-def roofline_findings(roof: pd.DataFrame, run_device: str, run_id: str = "shapes",
-                      workload: str = "shapes") -> pd.DataFrame:
+def roofline_findings(roof: pd.DataFrame, run_device: str, run_id: str = "roofline",
+                      workload: str = "trace") -> pd.DataFrame:
     """``patterns`` rows: per hot shape, ``memory_bound`` / ``compute_bound`` on the device that ran it.
 
     ``site`` is the shape label, ``role`` ``gemm``, ``score`` the shape's share

@@ -57,7 +57,7 @@ class MatmulTap(TorchDispatchMode):
     plain step 1.2 ms; the tap adds 5.4 ms per step with the six scalars,
     14.6 ms with the full set (row-sampled) and 16.7 ms with every sketch
     exact, against the workload's ~60 ms of data loading per step (its
-    augmentation; ``../shared/measured_facts.md``): about +25 % on the few
+    augmentation; ``docs/measured_facts.md``): about +25 % on the few
     steps of a sketch run, ~4,000 rows per step.
     """
 

@@ -1,4 +1,4 @@
-"""The Runner protocol and the factory that picks an implementation by kind.
+"""The Runner protocol (implementations are built by kind in :mod:`goblin_assets.runners.factory`).
 
 Three runners stand behind one interface (DESIGN.md "Layers"; STYLE.md: an
 abstract interface with a real and a replay implementation makes the
@@ -12,21 +12,21 @@ pipeline testable without a GPU):
 * ``replay`` (:class:`~goblin_assets.runners.replay.ReplayRunner`): a recorded
   RunMetrics from ``cached_metrics.json``, labelled as replayed.
 
-Every runner's ``run`` returns a :class:`~goblin_assets.runners.local.RawRun`;
+Every runner's ``run`` returns a :class:`~goblin_assets.runners.result.RawRun`;
 a failed or killed child is ``ok=False`` with a reason, never an exception.
+Each runner then folds its own findings (rocprofv3 kernels, amd-smi samples)
+into the RunMetrics that ``profile_run`` built from the trace, through
+:meth:`Runner.fold_metrics`.  This module imports no implementation.
 """
 from __future__ import annotations
 
-import inspect
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
+from goblin_assets.contracts import RunMetrics
 from goblin_assets.errors import GoblinError
-from goblin_assets.runners.local import Mode, RawRun
+from goblin_assets.runners.result import Mode, RawRun
 from goblin_assets.runners.workload import Workload
-
-#: The runner kinds :func:`make_runner` knows, in the order the CLI lists them.
-RUNNER_KINDS: tuple[str, ...] = ("local", "rocprof", "replay")
 
 
 class RunnerError(GoblinError):
@@ -89,67 +89,15 @@ class Runner(Protocol):
         """
         ...
 
+    def fold_metrics(self, raw: RawRun, metrics: RunMetrics) -> None:
+        """Fold this runner's own findings in ``raw`` into ``metrics``, in place.
 
-def _runner_class(kind: str) -> type:
-    if kind == "local":
-        from goblin_assets.runners.local import LocalRunner
-
-        return LocalRunner
-    if kind == "rocprof":
-        from goblin_assets.runners.rocprof import RocprofRunner
-
-        return RocprofRunner
-    if kind == "replay":
-        from goblin_assets.runners.replay import ReplayRunner
-
-        return ReplayRunner
-    raise RunnerError(f"runner kind {kind!r}: unknown (choose one of {', '.join(RUNNER_KINDS)})")
-
-
-def make_runner(kind: str = "local", **settings: Any) -> Runner:
-    """Build the runner of ``kind`` with its constructor settings.
-
-    Parameters
-    ----------
-    kind:
-        ``local``, ``rocprof`` or ``replay``.
-    **settings:
-        Constructor arguments of that runner, e.g. ``device`` (``auto``,
-        ``cpu``, ``cuda``), ``timeout_s`` (seconds), ``mem_cap_gb`` (GB; the
-        child's address-space cap), ``recording`` (replay: the
-        ``cached_metrics.json`` to read). All three runners take ``device``,
-        ``timeout_s`` and ``mem_cap_gb``, so a resource can pass the same
-        settings whatever the kind.
-
-    Returns
-    -------
-    Runner
-
-    Raises
-    ------
-    RunnerError
-        Unknown ``kind``, or a setting that runner does not take (both named).
-    ToolMissingError
-        ``rocprof`` on a machine without ``rocprofv3`` on PATH.
-    """
-    cls = _runner_class(kind)
-    accepted = set(inspect.signature(cls.__init__).parameters) - {"self"}
-    unknown = sorted(set(settings) - accepted)
-    if unknown:
-        raise RunnerError(f"runner kind {kind!r}: unknown setting(s) {', '.join(unknown)} "
-                          f"(accepted: {', '.join(sorted(accepted))})")
-    return cls(**settings)
-
-
-def runner_for(workload: Workload, runner: Runner) -> Runner:
-    """``runner``, or for a replay workload (nothing to run: ``Workload.replay``) the replay runner on its recording.
-
-    The runner is chosen per workload: a folder with ``cached_metrics.json``
-    and no ``workload.yaml`` is always replayed, whatever ``runner`` is, so
-    its config file is never run as a script.  ``device``, ``timeout_s`` and
-    ``mem_cap_gb`` carry over.
-    """
-    if not workload.replay or runner.kind == "replay":
-        return runner
-    return make_runner("replay", recording=workload.root / (workload.recording or ""),
-                       **{k: getattr(runner, k) for k in ("device", "timeout_s", "mem_cap_gb") if hasattr(runner, k)})
+        ``metrics`` is what ``profile_run`` built from the harness's result
+        and the Chrome trace of ``raw`` (an ``ok`` profile run).  The local
+        runner adds nothing; the rocprof runner replaces utilisation, top
+        kernels and VRAM figures with its rocprofv3/amd-smi ones.  A runner
+        whose ``run`` returns finished RunMetrics (``RawRun.metrics``: the
+        replay runner) is never asked: ``profile_run`` returns those as they
+        are.
+        """
+        ...

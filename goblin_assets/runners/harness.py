@@ -15,8 +15,11 @@ Samples and tokens are counted from the real batches: the harness wraps
 ``enumerate(DataLoader)#...__next__`` range stays inside the wrapper) and reads
 the workload's ``batch_field`` of each batch.
 
-Everything the parent needs goes to ``OUT/result.json``; the Chrome trace to
-``OUT/trace.json``; sketch rows to ``OUT/sketches.json``.
+Everything the parent needs goes to ``OUT/result.json`` (one
+:class:`~goblin_assets.runners.result.HarnessResult`); the Chrome trace to
+``OUT/trace.json``; sketch rows to ``OUT/sketches.json``.  Facts about the
+machine (cores, CPU instruction sets) are not measured here: the parent reads
+them from :mod:`goblin_assets.host`, which this child would see the same way.
 """
 from __future__ import annotations
 
@@ -36,6 +39,8 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.data import dataloader as _dl
 
+from goblin_assets.runners.result import HarnessResult, OpTime, StepRecord
+
 #: User annotations and Python-level ranges that are not ops (excluded from top-5).
 _NOT_OPS = ("ProfilerStep#", "enumerate(DataLoader)", "Optimizer.", "## ", "<built-in", "DataLoader")
 
@@ -47,20 +52,6 @@ def _current_rss_bytes() -> int:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return 0
-
-
-def cpu_bf16_matmul() -> bool | None:
-    """Whether this CPU has bf16 matrix instructions (``amx_bf16`` or ``avx512_bf16`` in
-    ``/proc/cpuinfo`` flags, the ISA oneDNN uses for bf16 GEMMs); None when unreadable."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    return bool(flags & {"amx_bf16", "avx512_bf16"})
-    except OSError:
-        return None
-    return None
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
@@ -157,7 +148,7 @@ class Harness:
         self.step_end_times: list[float] = []
         self.cur = [0, 0, 0, 0.0, 0]  # samples, tokens, nonpad, data-wait seconds, batches in the current step
         self.mem_boundary: list[float] = []  # device bytes allocated at each measured step's end (cuda)
-        self.per_step: list[dict] = []
+        self.per_step: list[StepRecord] = []
         self.prof = None
         self.tap = None
         self.rss_samples: list[int] = []
@@ -186,13 +177,12 @@ class Harness:
         now = time.perf_counter()
         self.step += 1
         if self.step > self.warmup:
-            self.per_step.append(
-                {"samples": self.cur[0], "tokens": self.cur[1], "nonpad_tokens": self.cur[2],
-                 "data_wait_s": self.cur[3], "batches": self.cur[4], "step_time_s": now - self.t_last,
-                 # CLOCK_MONOTONIC seconds (perf_counter on Linux): lines steps up with
-                 # rocprofv3's nanosecond timestamps (runners/rocprof.py).
-                 "t_start_s": self.t_last, "t_end_s": now}
-            )
+            self.per_step.append(StepRecord(
+                samples=self.cur[0], tokens=self.cur[1], nonpad_tokens=self.cur[2], data_wait_s=self.cur[3],
+                batches=self.cur[4], step_time_s=now - self.t_last,
+                # CLOCK_MONOTONIC seconds (perf_counter on Linux): lines steps up with
+                # rocprofv3's nanosecond timestamps (runners/rocprof.py).
+                t_start_s=self.t_last, t_end_s=now))
             self.rss_samples.append(_current_rss_bytes())
             if self.device_kind == "cuda":
                 # After optimizer.step activations are freed: what stays is weights, grads and
@@ -242,32 +232,25 @@ class Harness:
             # A GPU is present but the script never put a tensor on it (e.g. digits_mlp).
             warn.append("a GPU is present but the script allocated nothing on it: measured as a CPU run")
             self.device_kind = "cpu"
-        result: dict = {
-            "warnings": warn,
-            "reached_budget": reached,
-            "steps_seen": self.step,
-            "per_step": self.per_step,
-            "device": self.device_kind,
-            "torch_version": torch.__version__,
-            "hip_version": getattr(torch.version, "hip", None),
-            "cuda_version": getattr(torch.version, "cuda", None),
-            "num_threads": torch.get_num_threads(),
-            "cpu_count": os.cpu_count(),
-            "max_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9,
-            "rss_gb_samples": [r / 1e9 for r in self.rss_samples],
-            "cpu_bf16_matmul": cpu_bf16_matmul(),
-        }
+        result = HarnessResult(
+            warnings=warn, reached_budget=reached, steps_seen=self.step, per_step=self.per_step,
+            device=self.device_kind, torch_version=torch.__version__,
+            hip_version=getattr(torch.version, "hip", None), cuda_version=getattr(torch.version, "cuda", None),
+            num_threads=torch.get_num_threads(),
+            max_rss_gb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9,
+            rss_gb_samples=[r / 1e9 for r in self.rss_samples],
+        )
         if self.device_kind == "cuda":
-            result["device_name"] = torch.cuda.get_device_name(0)
-            result["mem_peak_gb"] = torch.cuda.max_memory_allocated() / 1e9
+            result.device_name = torch.cuda.get_device_name(0)
+            result.mem_peak_gb = torch.cuda.max_memory_allocated() / 1e9
             if self.mem_boundary:
-                result["mem_static_gb"] = min(self.mem_boundary) / 1e9
+                result.mem_static_gb = min(self.mem_boundary) / 1e9
             free, total = torch.cuda.mem_get_info()
-            result["mem_total_gb"] = total / 1e9
+            result.mem_total_gb = total / 1e9
         if self.prof is not None:
             trace = self.out / "trace.json"
             self.prof.export_chrome_trace(str(trace))
-            result["trace"] = str(trace)
+            result.trace = str(trace)
             ops = []
             flops = 0
             for evt in self.prof.key_averages():
@@ -275,14 +258,14 @@ class Harness:
                 if evt.key.startswith(_NOT_OPS) or getattr(evt, "is_user_annotation", False):
                     continue
                 self_us = evt.self_device_time_total if self.device_kind == "cuda" else evt.self_cpu_time_total
-                ops.append({"name": evt.key, "self_us": float(self_us), "count": int(evt.count)})
-            ops.sort(key=lambda o: -o["self_us"])
-            result["ops"] = ops[:50]
-            result["flops_total"] = flops
+                ops.append(OpTime(name=evt.key, self_us=float(self_us), count=int(evt.count)))
+            ops.sort(key=lambda o: -o.self_us)
+            result.ops = ops[:50]
+            result.flops_total = flops
         if self.tap is not None:
             self.tap.__exit__(None, None, None)
             (self.out / "sketches.json").write_text(json.dumps(self.tap.rows))
-        (self.out / "result.json").write_text(json.dumps(result))
+        result.write(self.out)
 
 
 def main(argv: list[str]) -> int:

@@ -1,9 +1,11 @@
 """The ROCm container image a run belongs to: its tag and, where known, its digest.
 
 Read from ``GOBLIN_ROCM_IMAGE`` (``repo:tag`` or ``repo:tag@sha256:...``), else
-from ``rocm_image.lock`` at the repository root (YAML with ``image`` and
-``digest``).  ``docker manifest inspect`` supplies the digest when the docker
-CLI and a registry are reachable; otherwise the digest stays as recorded.
+from the packaged ``goblin_assets/rocm_image.lock`` (YAML with ``image`` and
+``digest``, read through ``importlib.resources`` so an installed wheel finds
+it from any directory).  ``docker manifest inspect`` supplies the digest when
+the docker CLI and a registry are reachable; otherwise the digest stays as
+recorded.
 """
 from __future__ import annotations
 
@@ -11,13 +13,14 @@ import os
 import shutil
 import subprocess
 from dataclasses import dataclass
+from importlib.resources import files
+from importlib.resources.abc import Traversable
 from pathlib import Path
 
 import yaml
 
-from goblin_assets import REPO_ROOT
-
-LOCK_FILE = REPO_ROOT / "rocm_image.lock"
+#: The lock file shipped with the package; ``GOBLIN_ROCM_IMAGE`` overrides it.
+LOCK_FILE: Traversable = files("goblin_assets") / "rocm_image.lock"
 
 
 @dataclass(frozen=True)
@@ -53,13 +56,14 @@ def _registry_digest(image: str, timeout_s: float = 10.0) -> str | None:
         return None
 
 
-def read_rocm_image(lock_file: Path | None = None, lookup: bool = False) -> ImageRef:
+def read_rocm_image(lock_file: Path | Traversable | None = None, lookup: bool = False) -> ImageRef:
     """The current ROCm image reference (``none`` when nothing is configured).
 
     Raises
     ------
     ValueError
-        The lock file exists but is not a YAML mapping with an ``image`` key.
+        The lock file exists but is not valid YAML, or not a mapping with an
+        ``image`` key (the message names the file).
     """
     env = os.environ.get("GOBLIN_ROCM_IMAGE")
     if env:
@@ -69,7 +73,10 @@ def read_rocm_image(lock_file: Path | None = None, lookup: bool = False) -> Imag
         lock = lock_file or LOCK_FILE
         if not lock.is_file():
             return ImageRef("none", None, "not configured")
-        doc = yaml.safe_load(lock.read_text(encoding="utf-8"))
+        try:
+            doc = yaml.safe_load(lock.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+            raise ValueError(f"{lock}: cannot read the image lock file: {exc}") from None
         if not isinstance(doc, dict) or not doc.get("image"):
             raise ValueError(f"{lock}: expected a YAML mapping with an 'image' key")
         ref = ImageRef(str(doc["image"]), doc.get("digest"), str(lock.name))

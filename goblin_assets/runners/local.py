@@ -5,8 +5,9 @@ Works on ``cpu``, ``cuda`` and ROCm (ROCm builds use the ``torch.cuda`` API;
 :mod:`goblin_assets.runners.harness`; it gets a step budget (no edit of the
 script), a wall-clock timeout, an address-space cap, a scrubbed environment
 and a scratch working directory.  A child that hangs, runs out of memory,
-crashes or exits non-zero yields a :class:`RawRun` with ``ok=False``, the reason
-and the tail of its stderr: never an exception from deep inside.
+crashes, exits non-zero or leaves a malformed ``result.json`` yields a
+:class:`~goblin_assets.runners.result.RawRun` with ``ok=False``, the reason and
+the tail of its stderr: never an exception from deep inside.
 """
 from __future__ import annotations
 
@@ -19,14 +20,12 @@ import subprocess
 import sys
 import time
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 from goblin_assets import goblin_home
+from goblin_assets.contracts import RunMetrics
+from goblin_assets.runners.result import RESULT_NAME, HarnessResult, HarnessResultError, Mode, RawRun
 from goblin_assets.runners.workload import Workload
-
-Mode = Literal["profile", "benchmark", "sketch"]
 
 #: Environment variables never passed to user code (credentials and tokens).
 _SECRET_ENV = re.compile(
@@ -36,25 +35,6 @@ _SECRET_ENV = re.compile(
 
 #: stderr text of an allocation that failed: Python, torch's CPU allocator (ENOMEM), CUDA/HIP.
 _OOM = re.compile(r"MemoryError|out of memory|can't allocate memory|Cannot allocate memory", re.IGNORECASE)
-
-
-@dataclass
-class RawRun:
-    """What one child run left behind (parsed ``result.json`` plus paths)."""
-
-    ok: bool
-    run_dir: Path
-    mode: Mode
-    result: dict = field(default_factory=dict)
-    failure: str | None = None
-    stderr_tail: str = ""
-    returncode: int | None = None
-    wall_s: float = 0.0
-
-    @property
-    def trace_path(self) -> Path | None:
-        t = self.result.get("trace")
-        return Path(t) if t else None
 
 
 def scrubbed_env(extra: dict[str, str] | None = None, unset: list[str] | None = None) -> dict[str, str]:
@@ -132,9 +112,11 @@ class LocalRunner:
         Returns
         -------
         RawRun
-            ``ok=False`` with ``failure`` set when the child timed out, was
-            killed (memory cap, signal), exited non-zero, or ended before
-            ``warmup + 1`` optimizer steps.
+            ``result`` is the child's :class:`HarnessResult`.  ``ok=False``
+            with ``failure`` set when the child timed out, was killed (memory
+            cap, signal), exited non-zero, wrote no valid ``result.json`` (the
+            file and the field are named), or ended before ``warmup + 1``
+            optimizer steps.
         """
         run_dir = goblin_home() / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{workload.name}-{mode}{('-' + label) if label else ''}-{uuid.uuid4().hex[:6]}"
         scratch = run_dir / "cwd"
@@ -199,20 +181,26 @@ class LocalRunner:
                 last = [ln for ln in stderr_tail.strip().splitlines() if ln.strip()]
                 raw.failure = f"{script_name}: exited with code {rc}" + (f": {last[-1].strip()}" if last else "")
             return raw
-        result_p = run_dir / "result.json"
+        result_p = run_dir / RESULT_NAME
         if not result_p.is_file():
             raw.failure = f"{script_name}: ended without writing results (exit 0)"
             return raw
-        raw.result = json.loads(result_p.read_text())
-        measured = len(raw.result.get("per_step", []))
-        if measured == 0:
+        try:
+            raw.result = result = HarnessResult.read(result_p)
+        except HarnessResultError as exc:
+            raw.failure = f"{script_name}: the harness's results are unreadable: {exc}"
+            return raw
+        if not result.per_step:
             raw.failure = (
-                f"{script_name}: finished after {raw.result.get('steps_seen', 0)} optimizer steps; "
+                f"{script_name}: finished after {result.steps_seen} optimizer steps; "
                 f"need more than {warmup} warm-up steps (is optimizer.step() called?)"
             )
             return raw
-        if not raw.result.get("reached_budget"):
-            raw.result.setdefault("warnings", []).append(
-                f"script ended after {measured} measured steps, before the budget of {steps}")
+        if not result.reached_budget:
+            result.warnings.append(
+                f"script ended after {len(result.per_step)} measured steps, before the budget of {steps}")
         raw.ok = True
         return raw
+
+    def fold_metrics(self, raw: RawRun, metrics: RunMetrics) -> None:
+        """Nothing to fold: everything a local run measures is in the harness's result and the trace."""

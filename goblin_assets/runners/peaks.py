@@ -2,7 +2,7 @@
 
 GPU peaks are dense (no sparsity) datasheet/documentation figures; CPU peaks
 are measured on the machine with a short GEMM probe and labelled measured.
-Sources: ``shared/profiling_facts.md`` section 6.
+Sources: ``docs/sources.md`` "Peak throughput".
 """
 from __future__ import annotations
 

@@ -11,17 +11,18 @@ warning says the numbers were not measured by this run.
 
 Only ``profile`` runs replay.  A benchmark or sketch needs fresh
 measurements, so those modes yield a failed :class:`RawRun` with the reason.
+The RunMetrics travels typed on :attr:`RawRun.metrics
+<goblin_assets.runners.result.RawRun.metrics>` (a failed one, labelled
+replayed, when the replay failed), and ``profile_run`` returns it as it is:
+a replay never goes through the trace readers.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
-
-from pydantic import ValidationError
 
 from goblin_assets.contracts import RunMetrics, RunProvenance
 from goblin_assets.errors import GoblinError
-from goblin_assets.runners.local import Mode, RawRun
+from goblin_assets.runners.result import Mode, RawRun, read_json_model
 from goblin_assets.runners.workload import RECORDING_NAME, Workload
 
 
@@ -41,16 +42,7 @@ def load_recording(path: str | Path) -> RunMetrics:
     p = Path(path)
     if not p.is_file():
         raise ReplayError(f"{p}: no recording (a replay needs a RunMetrics JSON file named {RECORDING_NAME})")
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ReplayError(f"{p}: not a JSON file ({exc})") from None
-    try:
-        return RunMetrics.model_validate(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(x) for x in first["loc"]) or "(top level)"
-        raise ReplayError(f"{p}: field '{field}': {first['msg']}") from None
+    return read_json_model(p, RunMetrics, ReplayError)
 
 
 def replay_metrics(path: str | Path, workload: Workload | None = None) -> RunMetrics:
@@ -86,23 +78,6 @@ def replay_metrics(path: str | Path, workload: Workload | None = None) -> RunMet
             m.warnings.append(f"{p}: recording is of workload {rec.workload!r}, replayed for {workload.name!r}")
         m.workload = workload.name
     return m
-
-
-def metrics_from_raw(raw: RawRun) -> RunMetrics | None:
-    """The RunMetrics a replay runner's RawRun carries; None for a run of any other runner.
-
-    profile_run can start with ``if (m := metrics_from_raw(raw)) is not None:
-    return m`` so that a replay never goes through the trace readers.  A
-    replay that failed (no recording, wrong mode) comes back as ``ok=False``
-    with the reason, labelled replayed too.
-    """
-    if not raw.result.get("replayed"):
-        return None
-    if "metrics" in raw.result:
-        return RunMetrics.model_validate(raw.result["metrics"])
-    return RunMetrics(ok=False, failure=raw.failure, workload=raw.result.get("workload", ""),
-                      unit=raw.result.get("unit", "samples"),
-                      provenance=RunProvenance(kind="replayed", source=raw.result.get("recording", "")))
 
 
 def not_observable(workload: Workload, runner, mode: Mode) -> str | None:
@@ -185,38 +160,40 @@ class ReplayRunner:
     def run(self, workload: Workload, mode: Mode, steps: int, warmup: int = 2, script: Path | None = None,
             env: dict[str, str] | None = None, unset_env: list[str] | None = None, tap: str | None = None,
             label: str = "") -> RawRun:
-        """Replay the recording as a RawRun (``result["replayed"]`` is True).
+        """Replay the recording as a RawRun whose ``metrics`` is the relabelled RunMetrics.
 
-        ``result["metrics"]`` holds the relabelled RunMetrics (JSON);
-        :func:`metrics_from_raw` reads it back.  ``steps``, ``warmup``, ``env``
-        and ``label`` do not change a recording; a patched ``script`` or a
-        mode other than ``profile`` cannot be replayed.
+        ``steps``, ``warmup``, ``env`` and ``label`` do not change a
+        recording; a patched ``script`` or a mode other than ``profile``
+        cannot be replayed.  Nothing runs and no run folder is made
+        (``run_dir`` is the recording's folder).
 
         Returns
         -------
         RawRun
-            ``ok=False`` with the reason when the recording is missing or
-            invalid, the mode is ``benchmark``/``sketch``, or ``script`` is a
-            patched copy (its numbers were never recorded); ``result`` still
-            says ``replayed`` so :func:`metrics_from_raw` labels the failure.
+            ``metrics`` is always set: the replayed RunMetrics, or when the
+            recording is missing or invalid, the mode is ``benchmark``/
+            ``sketch``, or ``script`` is a patched copy (its numbers were
+            never recorded), ``ok=False`` with the reason, in a RunMetrics
+            labelled replayed too.
         """
         rec = self.recording_for(workload)
-        raw = RawRun(ok=False, run_dir=rec.parent.resolve(), mode=mode,
-                     result={"replayed": True, "recording": str(rec.resolve()), "workload": workload.name,
-                             "unit": workload.unit})
+        raw = RawRun(ok=False, run_dir=rec.parent.resolve(), mode=mode)
         if mode != "profile":
             raw.failure = (f"{rec}: the replay runner only replays profile runs; a {mode} run needs fresh "
                            f"measurements (use the local or rocprof runner)")
-            return raw
-        if script is not None and Path(script).resolve() != workload.script.resolve():
+        elif script is not None and Path(script).resolve() != workload.script.resolve():
             raw.failure = f"{rec}: records {workload.entry}, not the patched script {Path(script).name}"
-            return raw
-        try:
-            m = replay_metrics(rec, workload)
-        except ReplayError as exc:
-            raw.failure = str(exc)
-            return raw
-        raw.ok = m.ok
-        raw.failure = m.failure
-        raw.result["metrics"] = m.model_dump(mode="json")
+        else:
+            try:
+                raw.metrics = replay_metrics(rec, workload)
+            except ReplayError as exc:
+                raw.failure = str(exc)
+        if raw.metrics is None:
+            raw.metrics = RunMetrics(ok=False, failure=raw.failure, workload=workload.name, unit=workload.unit,
+                                     provenance=RunProvenance(kind="replayed", source=str(rec.resolve())))
+        raw.ok = raw.metrics.ok
+        raw.failure = raw.metrics.failure
         return raw
+
+    def fold_metrics(self, raw: RawRun, metrics: RunMetrics) -> None:
+        """Nothing to fold: a replay's RunMetrics is finished (``raw.metrics``) and never rebuilt from a trace."""

@@ -8,8 +8,11 @@ step budget, timeout, scrubbed environment), prefixed with::
 While it runs, a background thread calls ``amd-smi metric -u -m --json``
 every ``smi_interval_s`` seconds.  After it ends, the kernel trace, the HIP
 API trace and the amd-smi samples are summarised over the measured steps'
-window into ``RawRun.result["rocprof"]`` (top kernels, device busy time,
-utilisation, VRAM).
+window into ``RawRun.extra["rocprof"]`` (top kernels, device busy time,
+utilisation, VRAM), which :meth:`RocprofRunner.fold_metrics` folds into the
+RunMetrics ``profile_run`` built from the torch.profiler trace.  Kernel kinds
+and categories come from the one category table
+(:mod:`goblin_assets.runners.categories`).
 
 Parsers read files by header name, not position: ``kernel_trace.csv`` has
 ``LDS_Block_Size, Scratch_Size, VGPR_Count, Accum_VGPR_Count, SGPR_Count`` in
@@ -20,7 +23,7 @@ casing and a leading ``Guid``.  All rocprofv3 timestamps are nanoseconds.
 Source: ROCm/rocprofiler-sdk ``source/docs/how-to/using-rocprofv3.rst`` and
 ``source/docs/data/*.csv``; ROCm/amdsmi ``amdsmi_cli`` (``metric`` JSON: each
 value ``{"value": x, "unit": u}`` or ``"N/A"``; MB = bytes // 1024**2);
-``shared/profiling_facts.md`` section 5.
+``docs/sources.md`` "rocprofv3 and amd-smi".
 """
 from __future__ import annotations
 
@@ -35,23 +38,14 @@ from pathlib import Path
 
 import pandas as pd
 
+from goblin_assets.contracts import KernelShare, RunMetrics
 from goblin_assets.errors import GoblinError
 from goblin_assets.runners.base import ToolMissingError
+from goblin_assets.runners.categories import classify, is_fused_attention
+from goblin_assets.runners.local import LocalRunner
+from goblin_assets.runners.result import Mode, RawRun
 from goblin_assets.runners.trace import union_length
-from goblin_assets.runners.local import LocalRunner, Mode, RawRun
 from goblin_assets.runners.workload import Workload
-
-#: Kernel kinds by name (HTA's kernel_type categories); first match wins, else COMPUTATION.
-KERNEL_TYPES: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("COMMUNICATION", re.compile(r"nccl|rccl", re.IGNORECASE)),
-    ("MEMORY", re.compile(r"__amd_rocclr_(copy|fill)|memcpy|memset", re.IGNORECASE)),
-)
-
-#: Fused attention kernels on ROCm.  AOTriton (PyTorch SDPA on ROCm): ``attn_fwd``,
-#: ``bwd_kernel_dk_dv``, ``bwd_kernel_dq`` (pytorch/pytorch#135431); composable_kernel:
-#: ``fmha_fwd``/``fmha_bwd``; flash-attention builds: ``flash_fwd``/``flash_bwd``.
-ATTENTION_KERNELS = re.compile(r"attn_fwd|attn_bwd|bwd_kernel_dk_dv|bwd_kernel_dq|fmha_|flash_(?:fwd|bwd)|flash_?attn",
-                               re.IGNORECASE)
 
 #: HIP API calls that launch a kernel, and calls that block the host on the device.
 _LAUNCH_CALLS = re.compile(r"^hip(Ext)?(Module)?Launch(Cooperative)?Kernel|^hipGraphLaunch")
@@ -113,7 +107,8 @@ def parse_kernel_trace_csv(path: str | Path) -> pd.DataFrame:
         ``kernel_name`` (str), ``agent_id`` (str: ``"Agent 4"`` in current
         releases, ``"2"`` in older ones), ``start_ns``, ``end_ns``, ``dur_ns``
         (int64, nanoseconds), ``kernel_type`` (COMMUNICATION | MEMORY |
-        COMPUTATION), plus every other column of the file under its
+        COMPUTATION, :func:`kernel_type`), ``category`` and ``group`` (the
+        category table's), plus every other column of the file under its
         snake_case header name (``queue_id``, ``stream_id``, ``correlation_id``,
         ``lds_block_size`` or ``group_segment_size``, ``grid_size_x``, ...;
         integer columns as nullable Int64).
@@ -140,6 +135,8 @@ def parse_kernel_trace_csv(path: str | Path) -> pd.DataFrame:
                "accum_vgpr_count", "sgpr_count", "workgroup_size_x", "workgroup_size_y", "workgroup_size_z",
                "grid_size_x", "grid_size_y", "grid_size_z"))
     df["kernel_type"] = [kernel_type(n) for n in df["kernel_name"]]
+    df["category"] = [classify(n).category for n in df["kernel_name"]]
+    df["group"] = [classify(n).group for n in df["kernel_name"]]
     return df.sort_values("start_ns", kind="stable").reset_index(drop=True)
 
 
@@ -174,11 +171,15 @@ def parse_hip_api_csv(path: str | Path) -> pd.DataFrame:
 
 
 def kernel_type(name: str) -> str:
-    """COMMUNICATION, MEMORY or COMPUTATION for a kernel name (see :data:`KERNEL_TYPES`)."""
-    for kind, pat in KERNEL_TYPES:
-        if pat.search(name):
-            return kind
-    return "COMPUTATION"
+    """HTA's kernel kind of a kernel name: COMMUNICATION, MEMORY or COMPUTATION.
+
+    From the category table: ``collective`` is COMMUNICATION, ``memory`` (DMA
+    copies and fills, ROCclr blit kernels) is MEMORY, everything else
+    COMPUTATION, as HTA's ``get_kernel_type`` splits kernels
+    (hta/common/types.py: ``^nccl`` communication, Memcpy/Memset memory).
+    """
+    category = classify(name).category
+    return {"collective": "COMMUNICATION", "memory": "MEMORY"}.get(category, "COMPUTATION")
 
 
 # --------------------------------------------------------------------------- amd-smi
@@ -357,6 +358,13 @@ def _in_window(frame: pd.DataFrame, lo: int | None, hi: int | None) -> pd.DataFr
     return frame[(frame["end_ns"] > lo) & (frame["start_ns"] < hi)]
 
 
+def _time_by(kernels: pd.DataFrame, column: str) -> dict[str, float]:
+    """Summed kernel time (seconds) per value of ``column``."""
+    if kernels.empty:
+        return {}
+    return {str(t): float(v) / 1e9 for t, v in kernels.groupby(column)["dur_ns"].sum().items()}
+
+
 def summarize_rocprof(kernels: pd.DataFrame, hip: pd.DataFrame | None = None, smi_samples: list[dict] | None = None,
                       window_ns: tuple[int, int] | None = None) -> dict:
     """Summarise a rocprofv3 run over the measured steps' window.
@@ -379,8 +387,10 @@ def summarize_rocprof(kernels: pd.DataFrame, hip: pd.DataFrame | None = None, sm
         ``window`` ("measured steps" | "whole run"), ``window_s``, ``kernels``
         (dispatch count), ``kernel_time_s`` (sum of kernel durations),
         ``device_busy_s`` (union), ``util_pct`` (busy / window, 0..100),
-        ``kernel_time_by_type_s``, ``top_kernels`` ([{name, pct_time}], top 5),
-        ``attention_kernel_loaded``, ``hip_launch_calls``, ``hip_launch_s``,
+        ``kernel_time_by_type_s`` (per :func:`kernel_type`),
+        ``kernel_time_by_group_s`` (per group of the category table),
+        ``top_kernels`` ([{name, pct_time}], top 5), ``attention_kernel_loaded``
+        (a fused attention kernel ran), ``hip_launch_calls``, ``hip_launch_s``,
         ``hip_sync_s``, ``amd_smi`` (``samples``, ``util_pct_avg``,
         ``vram_used_gb_peak``, ``vram_used_gb_avg``, ``vram_total_gb``) and
         ``warnings``.  Units: seconds, percent, GB.
@@ -409,11 +419,10 @@ def summarize_rocprof(kernels: pd.DataFrame, hip: pd.DataFrame | None = None, sm
         "kernel_time_s": float(k["dur_ns"].sum()) / 1e9 if not k.empty else 0.0,
         "device_busy_s": busy / 1e9,
         "util_pct": 100.0 * busy / (hi - lo) if lo is not None and hi > lo else None,
-        "kernel_time_by_type_s": ({t: float(v) / 1e9 for t, v in k.groupby("kernel_type")["dur_ns"].sum().items()}
-                                  if not k.empty else {}),
+        "kernel_time_by_type_s": _time_by(k, "kernel_type"),
+        "kernel_time_by_group_s": _time_by(k, "group"),
         "top_kernels": [{"name": r.kernel_name, "pct_time": float(r.pct_time)} for r in top.itertuples()],
-        "attention_kernel_loaded": bool(k["kernel_name"].str.contains(ATTENTION_KERNELS).any()) if not k.empty
-        else False,
+        "attention_kernel_loaded": any(is_fused_attention(n) for n in k["kernel_name"].unique()),
     }
     if hip is not None:
         h = _in_window(hip, lo, hi)
@@ -506,9 +515,9 @@ class RocprofRunner(LocalRunner):
     def run(self, workload: Workload, mode: Mode, steps: int, warmup: int = 2, script: Path | None = None,
             env: dict[str, str] | None = None, unset_env: list[str] | None = None, tap: str | None = None,
             label: str = "") -> RawRun:
-        """Run as :meth:`LocalRunner.run` under rocprofv3; summarise its files into ``result["rocprof"]``.
+        """Run as :meth:`LocalRunner.run` under rocprofv3; summarise its files into ``extra["rocprof"]``.
 
-        ``result["rocprof"]`` is :func:`summarize_rocprof`'s dict plus the
+        ``extra["rocprof"]`` is :func:`summarize_rocprof`'s dict plus the
         paths of the CSV files read; when rocprofv3 wrote no kernel trace it
         holds ``error`` instead (the run itself stays ok).  The amd-smi
         samples are also written to ``RUN_DIR/amd_smi.json``.
@@ -525,8 +534,37 @@ class RocprofRunner(LocalRunner):
                               tap=tap, label=label)
         (raw.run_dir / "amd_smi.json").write_text(json.dumps({"samples": poller.samples, "error": poller.error}))
         if raw.ok:
-            raw.result["rocprof"] = self._summarize(raw, poller)
+            raw.extra["rocprof"] = self._summarize(raw, poller)
         return raw
+
+    def fold_metrics(self, raw: RawRun, metrics: RunMetrics) -> None:
+        """Fold the rocprofv3 + amd-smi summary of ``raw`` (``extra["rocprof"]``) into ``metrics``, in place.
+
+        Kernel-level figures from rocprofv3 replace the torch.profiler ones:
+        device utilisation (percent), top-5 kernels, whether a fused attention
+        kernel ran; amd-smi VRAM fills the memory average and headroom (GB).
+        A summary that failed (no kernel trace) leaves ``metrics`` as it was,
+        with a warning.
+        """
+        rp = raw.extra.get("rocprof")
+        if not rp:
+            return
+        if rp.get("error"):
+            metrics.warnings.append(f"rocprofv3: {rp['error']}")
+            return
+        metrics.provenance.profiler = "torch.profiler + rocprofv3"
+        if rp.get("util_pct") is not None:
+            metrics.util_pct = rp["util_pct"]
+        if rp.get("top_kernels"):
+            metrics.top_kernels = [KernelShare(**k) for k in rp["top_kernels"][:5]]
+        metrics.attention_kernel_loaded = bool(metrics.attention_kernel_loaded or rp.get("attention_kernel_loaded"))
+        smi = rp.get("amd_smi") or {}
+        if smi.get("vram_used_gb_avg") is not None:
+            metrics.mem_avg_gb = smi["vram_used_gb_avg"]
+            metrics.not_observable.pop("mem_avg_gb", None)
+        if smi.get("vram_total_gb") and smi.get("vram_used_gb_peak") is not None:
+            metrics.memory_headroom_gb = smi["vram_total_gb"] - smi["vram_used_gb_peak"]
+        metrics.warnings += [f"rocprofv3 ({rp.get('window', '?')}): {w}" for w in rp.get("warnings", [])]
 
     def _summarize(self, raw: RawRun, poller: AmdSmiPoller) -> dict:
         out_dir = raw.run_dir / "rocprof"
@@ -542,10 +580,8 @@ class RocprofRunner(LocalRunner):
             hip = pd.concat([parse_hip_api_csv(p) for p in htrace], ignore_index=True) if htrace else None
         except RocprofParseError as exc:
             return {"error": str(exc)}
-        per = raw.result.get("per_step", [])
-        window = None
-        if per and "t_start_s" in per[0]:
-            window = (int(per[0]["t_start_s"] * 1e9), int(per[-1]["t_end_s"] * 1e9))
+        per = raw.result.per_step
+        window = (int(per[0].t_start_s * 1e9), int(per[-1].t_end_s * 1e9)) if per else None
         summary = summarize_rocprof(kernels, hip, poller.samples, window)
         if poller.error:
             summary["warnings"].append(poller.error)

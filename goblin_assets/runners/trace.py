@@ -4,41 +4,65 @@ The trace keeps the profiler's own schema (``traceEvents`` with ``ph: "X"``
 complete events, microsecond ``ts``/``dur``), so Perfetto and Holistic Trace
 Analysis open the same file.  Names used here (``ProfilerStep#N``,
 ``enumerate(DataLoader)#...__next__``, ``cat`` ``cpu_op``/``kernel``) are those
-torch 2.x writes (see ``shared/profiling_facts.md`` section 2).
+torch 2.x writes (see ``docs/sources.md`` "Profiler trace format").  Which
+kernel or op is a GEMM, a collective, an attention kernel ... comes from the
+one category table (:mod:`goblin_assets.runners.categories`).
+
+Collective communication is measured where the trace can show it: on GPU
+traces the collective kernels (NCCL/RCCL), on CPU traces the collective ops
+(``c10d::*`` on the calling thread, ``gloo:*`` ranges on gloo's worker
+threads).  Its *exposed* part is the time a collective runs while no other
+work does: ``|C ∪ N| - |N|`` per step, with C the collective intervals and N
+the other device kernels (GPU) or the other ops' own (self) time (CPU), the
+same overlap HTA's ``get_comm_comp_overlap`` measures.
 """
 from __future__ import annotations
 
+import gzip
 import json
 import re
+from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from goblin_assets.runners.categories import classify, gemm_operands
+
 #: Event categories that are device work on GPU traces (HTA's kernel kinds).
 _DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
 _DATALOADER = re.compile(r"^enumerate\(DataLoader\)#|^enumerate\(DataPipe\)#")
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
+#: Process-group backends whose collectives run as device kernels (``distributedInfo.backend``).
+_DEVICE_BACKENDS = ("nccl", "rccl", "xccl")
 
-#: aten GEMM ops and the argument positions of their two matrix operands (lhs [.., M, K],
-#: rhs [.., K, N]) in ``Input Dims`` (torch's native_functions.yaml signatures).
-#: ``aten::linear`` / ``aten::matmul`` are left out: they dispatch to these.
-GEMM_OPS: dict[str, tuple[int, int]] = {
-    "aten::mm": (0, 1), "aten::addmm": (1, 2), "aten::_addmm_activation": (1, 2),
-    "aten::bmm": (0, 1), "aten::baddbmm": (1, 2),
-}
+Interval = tuple[float, float]
 
 
 @dataclass
 class StepIntervals:
-    """One profiled step: its window and the time covered by each kind of event (µs)."""
+    """One profiled step: its window and the time covered by each kind of event (µs).
+
+    ``op_us``: union of the CPU ops' own time outside data loading and
+    outside collectives; ``device_busy_us``: union of device kernel, memcpy
+    and memset time (GPU traces); ``collective_us``: union of collective time
+    (collective kernels on GPU traces, collective ops on CPU traces);
+    ``comm_exposed_us``: the part of it no other work overlaps (see the
+    module docstring); ``category_us``: summed time per category of the table
+    (device events on GPU traces; the ops' self time outside data loading on
+    CPU traces, collectives as ``collective``), which may exceed the step when
+    streams or threads overlap.
+    """
 
     index: int
     start_us: float
     end_us: float
     data_wait_us: float = 0.0
-    op_us: float = 0.0        # union of CPU op time outside data loading
-    device_busy_us: float = 0.0  # union of device kernel time (GPU traces)
+    op_us: float = 0.0
+    device_busy_us: float = 0.0
+    collective_us: float = 0.0
+    comm_exposed_us: float = 0.0
+    category_us: dict[str, float] = field(default_factory=dict)
 
     @property
     def dur_us(self) -> float:
@@ -75,6 +99,11 @@ class TraceSummary:
     ``alloc_step_bytes`` maps a step index to ``(allocated at step start, peak
     allocated in the step)`` in bytes, from the profiler's ``[memory]`` events of
     the step's device (present only with ``profile_memory=True``).
+    ``collectives`` counts the collective events that start inside a step
+    (kernels on GPU traces, ops and gloo ranges on CPU traces) and ``others``
+    the other events of the same kind (device events, CPU ops);
+    ``backend``/``world_size`` are the process group's, from the trace's
+    ``distributedInfo`` (None for a single process).
     """
 
     steps: list[StepIntervals] = field(default_factory=list)
@@ -82,6 +111,28 @@ class TraceSummary:
     device_name: str | None = None
     gemms: list[GemmCall] = field(default_factory=list)
     alloc_step_bytes: dict[int, tuple[float, float]] = field(default_factory=dict)
+    collectives: int = 0
+    others: int = 0
+    backend: str | None = None
+    world_size: int | None = None
+
+    @property
+    def comm_not_observable(self) -> str | None:
+        """Why this trace cannot show collective time (None when it can).
+
+        A GPU trace shows collective kernels when they run.  A CPU trace shows
+        gloo/c10d collectives, but not those of an NCCL/RCCL process group,
+        which run on a device whose activity was not recorded; and a trace with
+        no op at all in its steps shows nothing.
+        """
+        if self.has_device:
+            return None
+        if self.backend and self.backend.lower() in _DEVICE_BACKENDS:
+            return (f"the process group's backend is {self.backend}, whose collectives run as device kernels, "
+                    "but the trace recorded no device activity (ProfilerActivity.CUDA off)")
+        if self.collectives + self.others == 0:
+            return "the trace records no CPU ops in the profiled steps"
+        return None
 
 
 def union_length(intervals, lo: float = float("-inf"), hi: float = float("inf")) -> float:
@@ -100,43 +151,65 @@ def union_length(intervals, lo: float = float("-inf"), hi: float = float("inf"))
     return total
 
 
-def _subtract(intervals: list[tuple[float, float]], holes: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """``intervals`` minus the union of ``holes`` (both lists of (start, end))."""
+def _merged(intervals: list[Interval]) -> list[Interval]:
+    """The union of ``intervals`` as sorted, disjoint intervals."""
+    out: list[list[float]] = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def _cut(items: list[tuple[float, float, str]], holes: list[Interval]) -> list[tuple[float, float, str]]:
+    """Labelled ``(start, end, label)`` intervals minus the union of ``holes``; each piece keeps its label."""
     if not holes:
-        return intervals
-    holes = sorted(holes)
-    out: list[tuple[float, float]] = []
-    for a, b in intervals:
-        pieces = [(a, b)]
-        for ha, hb in holes:
-            if hb <= a or ha >= b:
-                continue
-            nxt = []
-            for pa, pb in pieces:
-                if hb <= pa or ha >= pb:
-                    nxt.append((pa, pb))
-                    continue
-                if pa < ha:
-                    nxt.append((pa, ha))
-                if hb < pb:
-                    nxt.append((hb, pb))
-            pieces = nxt
-        out.extend(pieces)
+        return list(items)
+    merged = _merged(holes)
+    starts = [a for a, _ in merged]
+    out: list[tuple[float, float, str]] = []
+    for a, b, label in items:
+        i = max(int(np.searchsorted(starts, a, side="right")) - 1, 0)
+        cur = a
+        while i < len(merged) and merged[i][0] < b:
+            ha, hb = merged[i]
+            if hb > cur:
+                if ha > cur:
+                    out.append((cur, ha, label))
+                cur = hb
+            i += 1
+        if cur < b:
+            out.append((cur, b, label))
     return out
+
+
+def _subtract(intervals: list[Interval], holes: list[Interval]) -> list[Interval]:
+    """``intervals`` minus the union of ``holes`` (both lists of (start, end)); order kept."""
+    return [(a, b) for a, b, _ in _cut([(a, b, "") for a, b in intervals], holes)]
+
+
+def _clipped_sum(intervals: list[tuple[float, float, str]], lo: float, hi: float) -> dict[str, float]:
+    """Summed length per label of ``(start, end, label)`` intervals clipped to ``[lo, hi]``."""
+    out: dict[str, float] = defaultdict(float)
+    for a, b, label in intervals:
+        if b > lo and a < hi:
+            out[label] += min(b, hi) - max(a, lo)
+    return dict(out)
 
 
 def _gemm_shape(name: str, args: dict) -> tuple[str, int, int, int, int] | None:
     """(dtype, M, N, K, batch) of a GEMM op from its ``Input Dims``/``Input type``; None if absent."""
     dims, types = args.get("Input Dims"), args.get("Input type")
-    li, ri = GEMM_OPS[name]
+    ops = gemm_operands(name)
     try:
-        lhs, rhs = dims[li], dims[ri]
+        lhs, rhs = dims[ops.lhs], dims[ops.rhs]
         if len(lhs) < 2 or len(rhs) < 2:
             return None
         batch = 1
         for d in lhs[:-2]:
             batch *= int(d)
-        return str(types[li]), int(lhs[-2]), int(rhs[-1]), int(lhs[-1]), batch
+        return str(types[ops.lhs]), int(lhs[-2]), int(rhs[-1]), int(lhs[-1]), batch
     except (TypeError, IndexError, ValueError):
         return None
 
@@ -190,16 +263,68 @@ def _alloc_per_step(steps: list[StepIntervals], mem: list[dict], device_type: in
     return out
 
 
-def read_trace(path: str | Path) -> TraceSummary:
-    """Split a Chrome trace into its ``ProfilerStep#N`` windows.
+@dataclass
+class _HostTime:
+    """CPU ops of a trace split into collective intervals and the other ops' self-time segments."""
 
-    Per step: ``data_wait_us`` is the union of DataLoader ``__next__`` ranges;
-    ``op_us`` the union of ``cpu_op`` events outside those ranges (host time
-    spent executing ops: forward, backward, optimizer); ``device_busy_us`` the
-    union of GPU kernel/memcpy/memset events.  GEMM calls (``aten::mm``,
-    ``addmm``, ``bmm``, ``baddbmm``) with their shapes and times, and the
-    allocator's per-step memory from ``[memory]`` events, see
-    :class:`TraceSummary`.
+    collective: list[Interval] = field(default_factory=list)  # outermost collective ops / gloo ranges
+    own: list[tuple[float, float, str]] = field(default_factory=list)  # (start, end, category) self-time segments
+    op_starts: list[float] = field(default_factory=list)  # start of every op outside a collective
+
+
+def _host_time(threads: dict[tuple, list[tuple[float, float, str]]]) -> _HostTime:
+    """Walk each thread's nested ops: collective ops (with everything inside them) and the others' self time.
+
+    ``threads`` maps ``(pid, tid)`` to ``(start, end, category)`` of its ops.
+    An op's self time is its interval minus its children's; an op inside a
+    collective op belongs to the collective.  Improperly nested events (a
+    child ending after its parent, from timestamp rounding) are clipped.
+    """
+    out = _HostTime()
+    for events in threads.values():
+        stack: list[list] = []  # [start, end, category, inside a collective, children]
+
+        def close(node: list) -> None:
+            if not node[3]:
+                out.own.extend((a, b, node[2]) for a, b in _subtract([(node[0], node[1])], node[4]))
+
+        for a, b, cat in sorted(events, key=lambda e: (e[0], -e[1])):
+            while stack and stack[-1][1] <= a:
+                close(stack.pop())
+            parent = stack[-1] if stack else None
+            if parent is not None:
+                b = min(b, parent[1])
+                parent[4].append((a, b))
+            inside = bool(parent and parent[3])
+            if cat == "collective" and not inside:
+                out.collective.append((a, b))
+            elif not inside:
+                out.op_starts.append(a)
+            stack.append([a, b, cat, inside or cat == "collective", []])
+        while stack:
+            close(stack.pop())
+    return out
+
+
+def _open_trace(path: Path) -> dict:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return json.load(f)
+
+
+def read_trace(path: str | Path) -> TraceSummary:
+    """Split a Chrome trace (``.json`` or ``.json.gz``) into its ``ProfilerStep#N`` windows.
+
+    Per step (:class:`StepIntervals`, µs): ``data_wait_us`` is the union of
+    DataLoader ``__next__`` ranges; ``op_us`` the union of the CPU ops' self
+    time outside those ranges and outside collectives (host time spent
+    executing ops: forward, backward, optimizer); ``device_busy_us`` the union
+    of GPU kernel/memcpy/memset events; ``collective_us`` and
+    ``comm_exposed_us`` the collective time and its exposed part (module
+    docstring); ``category_us`` the time per category of the category table.
+    GEMM calls (the table's leaf GEMM ops) with their shapes and times, the
+    allocator's per-step memory from ``[memory]`` events and the collective
+    counts: see :class:`TraceSummary`.
 
     Raises
     ------
@@ -208,16 +333,16 @@ def read_trace(path: str | Path) -> TraceSummary:
     """
     path = Path(path)
     try:
-        doc = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+        doc = _open_trace(path)
+    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"{path}: not a readable Chrome trace ({exc})") from None
     events = doc.get("traceEvents") if isinstance(doc, dict) else None
     if not isinstance(events, list):
         raise ValueError(f"{path}: no traceEvents list")
     steps: list[StepIntervals] = []
-    loaders: list[tuple[float, float]] = []
-    ops: list[tuple[float, float]] = []
-    device: list[tuple[float, float]] = []
+    loaders: list[Interval] = []
+    threads: dict[tuple, list[tuple[float, float, str]]] = defaultdict(list)
+    device: list[tuple[float, float, str]] = []
     gemm_ops: list[dict] = []
     kernel_us: dict[int, float] = {}
     mem: list[dict] = []
@@ -236,24 +361,47 @@ def read_trace(path: str | Path) -> TraceSummary:
         elif _DATALOADER.match(name):
             loaders.append((a, b))
         elif cat == "cpu_op":
-            ops.append((a, b))
-            if name in GEMM_OPS:
+            threads[(ev.get("pid"), ev.get("tid"))].append((a, b, classify(name).category))
+            if gemm_operands(name) is not None:
                 gemm_ops.append(ev)
+        elif cat == "user_annotation" and classify(name).category == "collective":
+            # gloo runs each collective in a 'gloo:<op>' range on its worker thread
+            threads[(ev.get("pid"), ev.get("tid"))].append((a, b, "collective"))
         elif cat in _DEVICE_CATS:
-            device.append((a, b))
+            device.append((a, b, "memory" if cat != "kernel" else classify(name).category))
             ext = (ev.get("args") or {}).get("External id")
             if cat == "kernel" and ext is not None:
                 kernel_us[ext] = kernel_us.get(ext, 0.0) + float(ev["dur"])
     if not steps:
         raise ValueError(f"{path}: no ProfilerStep# events (was the profiler stepped?)")
     steps.sort(key=lambda s: s.index)
-    ops_outside = _subtract(ops, loaders)
-    for s in steps:
-        s.data_wait_us = union_length(loaders, s.start_us, s.end_us)
-        s.op_us = union_length(ops_outside, s.start_us, s.end_us)
-        s.device_busy_us = union_length(device, s.start_us, s.end_us)
-    props = doc.get("deviceProperties") or []
     has_device = bool(device)
+    host = _host_time(threads)
+    own = _cut(host.own, loaders)
+    own_iv = [(a, b) for a, b, _ in own]
+    host_coll = _subtract(host.collective, loaders)
+    if has_device:
+        coll = [(a, b) for a, b, c in device if c == "collective"]
+        other = [(a, b) for a, b, c in device if c != "collective"]
+        coll_starts, other_starts = [a for a, _ in coll], [a for a, _ in other]
+    else:
+        coll, other = host_coll, own_iv
+        coll_starts, other_starts = [a for a, _ in host.collective], host.op_starts
+    for s in steps:
+        lo, hi = s.start_us, s.end_us
+        s.data_wait_us = union_length(loaders, lo, hi)
+        s.op_us = union_length(own_iv, lo, hi)
+        s.device_busy_us = union_length([(a, b) for a, b, _ in device], lo, hi)
+        s.collective_us = union_length(coll, lo, hi)
+        s.comm_exposed_us = max(union_length(coll + other, lo, hi) - union_length(other, lo, hi), 0.0)
+        s.category_us = _clipped_sum(device if has_device else own + [(a, b, "collective") for a, b in host_coll],
+                                     lo, hi)
+
+    def in_steps(starts: list[float]) -> int:
+        return sum(1 for t in starts if _step_of(steps, t) is not None)
+
+    props = doc.get("deviceProperties") or []
+    dist = doc.get("distributedInfo") if isinstance(doc.get("distributedInfo"), dict) else {}
     return TraceSummary(
         steps=steps,
         has_device=has_device,
@@ -261,6 +409,10 @@ def read_trace(path: str | Path) -> TraceSummary:
         gemms=_collect_gemms(steps, gemm_ops, kernel_us, has_device),
         # Kineto's [memory] events: Device Type 0 = CPU, 1 = CUDA (HIP reports as CUDA).
         alloc_step_bytes=_alloc_per_step(steps, mem, 1 if has_device else 0),
+        collectives=in_steps(coll_starts),
+        others=in_steps(other_starts),
+        backend=dist.get("backend"),
+        world_size=dist.get("world_size"),
     )
 
 

@@ -13,7 +13,7 @@ import pyarrow as pa
 
 from goblin_assets import warehouse_path
 from goblin_assets.errors import WarehouseError
-from goblin_assets.warehouse.tables import TABLES, columns, ddl, dtypes, schema
+from goblin_assets.warehouse.tables import RENAMED_COLUMNS, TABLES, columns, ddl, dtypes, schema
 
 
 #: How long to wait for another process's write lock on the DuckDB file (seconds).
@@ -59,9 +59,23 @@ def connect(path: str | Path | None = None, read_only: bool = False) -> Iterator
 
 
 def ensure_tables(con: duckdb.DuckDBPyConnection) -> None:
-    """Create every table of :data:`TABLES` that does not exist yet."""
+    """Create every table of :data:`TABLES` that does not exist yet, and rename old columns in place.
+
+    A warehouse written before a column gained its unit suffix
+    (:data:`~goblin_assets.warehouse.tables.RENAMED_COLUMNS`) keeps its rows: the column is renamed
+    (``ALTER TABLE ... RENAME COLUMN``), never dropped.
+    """
+    have: dict[str, set[str]] = {}
+    for table, col in con.execute("SELECT table_name, column_name FROM information_schema.columns "
+                                  "WHERE table_schema = current_schema()").fetchall():
+        have.setdefault(table, set()).add(col)
+    for table, old, new in RENAMED_COLUMNS:
+        cols = have.get(table, set())
+        if old in cols and new not in cols:
+            con.execute(f'ALTER TABLE "{table}" RENAME COLUMN "{old}" TO "{new}"')
     for t in TABLES:
-        con.execute(ddl(t))
+        if t not in have:
+            con.execute(ddl(t))
 
 
 def validate(table: str, df: pd.DataFrame) -> pd.DataFrame:
@@ -135,16 +149,21 @@ def write(frames: dict[str, pd.DataFrame], path: str | Path | None = None) -> di
         return write_frames(con, frames)
 
 
-def query(sql: str, path: str | Path | None = None) -> pd.DataFrame:
-    """Run ``sql`` on the warehouse and return the result as a DataFrame.
+def run_query(con: duckdb.DuckDBPyConnection, sql: str, params: list | None = None) -> pd.DataFrame:
+    """Run ``sql`` (``?`` placeholders bound to ``params``) on an open connection; the result as a DataFrame.
 
     Raises
     ------
     WarehouseError
         The SQL failed (message carries DuckDB's error).
     """
+    try:
+        return con.execute(sql, params or []).df()
+    except duckdb.Error as exc:
+        raise WarehouseError(f"query failed: {exc}") from None
+
+
+def query(sql: str, path: str | Path | None = None, params: list | None = None) -> pd.DataFrame:
+    """Open the warehouse, :func:`run_query`, close.  Raises WarehouseError."""
     with connect(path) as con:
-        try:
-            return con.execute(sql).df()
-        except duckdb.Error as exc:
-            raise WarehouseError(f"query failed: {exc}") from None
+        return run_query(con, sql, params)

@@ -10,7 +10,7 @@ import pandas as pd
 import pyarrow as pa
 
 from goblin_assets.redact import redact
-from goblin_assets.contracts import BenchmarkResult, RuleMatch, RunMetrics
+from goblin_assets.contracts import BenchmarkResult, ConfigDict, RuleMatch, RunMetrics
 from goblin_assets.warehouse.tables import columns
 
 
@@ -49,6 +49,26 @@ def _frame(table: str, rows: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=columns(table))
 
 
+def configs_frame(cfg: ConfigDict, audit_id: str, workload: str) -> pd.DataFrame:
+    """One row of ``configs`` per ConfigDict field: its value (JSON), status (the provenance kind) and source.
+
+    ``status`` is ``literal``, ``default``, ``variable``, ``env``, ``inferred``
+    or ``unset`` (:class:`goblin_assets.contracts.Provenance`); ``file`` is
+    redacted, ``line`` is 1-based; ``detail`` says how the value was found
+    (or why it is null).
+    """
+    rows = []
+    for f, v in cfg.values().items():
+        prov = cfg.provenance.get(f)
+        rows.append({"audit_id": audit_id, "workload": workload, "field": f, "value_json": json.dumps(v),
+                     "status": prov.kind if prov else "unset",
+                     "file": redact(prov.file) if prov and prov.file else None,
+                     "line": prov.line if prov else None, "key": prov.key if prov else None,
+                     "detail": redact(prov.detail) if prov else "not found in the file",
+                     "source_format": cfg.source_format})
+    return _frame("configs", rows)
+
+
 def runs_frame(m: RunMetrics, run_id: str, label: str, audit_id: str | None = None) -> pd.DataFrame:
     """One row of ``runs`` (the full RunMetrics kept as JSON in ``metrics_json``)."""
     return _frame("runs", [{
@@ -71,7 +91,7 @@ def waste_frame(m: RunMetrics, run_id: str, label: str) -> pd.DataFrame:
     """One row per waste bucket with its seconds per step, share and status."""
     tot = sum(b.seconds for b in m.waste_budget.values())
     return _frame("waste_budget", [
-        {"run_id": run_id, "workload": m.workload, "label": label, "bucket": k, "seconds": b.seconds,
+        {"run_id": run_id, "workload": m.workload, "label": label, "bucket": k, "time_per_step_s": b.seconds,
          "share": b.seconds / tot if tot > 0 else 0.0, "status": b.status, "note": b.note}
         for k, b in m.waste_budget.items()])
 
@@ -89,8 +109,9 @@ def bench_frame(results: dict[str, BenchmarkResult], audit_id: str, workload: st
     rows = []
     for lab, r in results.items():
         for i, tp in enumerate(r.throughputs):
-            rows.append({"audit_id": audit_id, "workload": workload, "label": lab, "repeat": i, "throughput": tp,
-                         "unit": r.metrics.unit, "median": r.median, "spread": r.spread, "steps": r.metrics.steps,
+            rows.append({"audit_id": audit_id, "workload": workload, "label": lab, "repeat": i, "throughput_per_s": tp,
+                         "unit": r.metrics.unit, "median_per_s": r.median, "spread_per_s": r.spread,
+                         "steps": r.metrics.steps,
                          "cache_key": r.cache_key, "cache_hit": r.cache_hit,
                          "provenance": "replayed" if r.cache_hit else r.metrics.provenance.kind})
     return _frame("benchmarks", rows)
@@ -102,7 +123,7 @@ def audit_frame(audit_id: str, workload: str, profile_run_id: str, patched_run_i
     return _frame("audits", [{
         "audit_id": audit_id, "workload": workload, "created_at": datetime.now(),
         "profile_run_id": profile_run_id, "baseline_run_id": profile_run_id, "patched_run_id": patched_run_id,
-        "baseline_throughput": rep.baseline_throughput, "patched_throughput": rep.patched_throughput,
+        "baseline_throughput_per_s": rep.baseline_throughput, "patched_throughput_per_s": rep.patched_throughput,
         "unit": rep.unit, "measured_speedup": rep.measured_speedup, "predicted_speedup_low": rep.predicted_low,
         "predicted_speedup_high": rep.predicted_high, "confidence": rep.confidence,
         "rules": ",".join(a.rule_id for a in patch.applied), "diff": redact(patch.diff),

@@ -1,25 +1,27 @@
-"""SQL models over the warehouse: plain DuckDB SQL files in layers (``dbt_like_sql/``).
+"""SQL models over the warehouse: plain DuckDB SQL files in layers (``goblin_assets/dbt_like_sql/``).
 
 Each ``.sql`` file under ``staging/`` or ``marts/`` is one model named after the
 file.  A header comment ``-- materialized: view`` or ``-- materialized: table``
 says how it is built.  Its upstream tables are read from the SQL itself with
 sqlglot (every table referenced, minus the query's own CTE names), never from
-a hand-written list.
+a hand-written list.  The files ship as package data and are read through
+``importlib.resources``, so an installed wheel finds them from any directory.
 """
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from pathlib import Path
+from importlib.resources import files
+from importlib.resources.abc import Traversable
 
 import duckdb
 import sqlglot
 from sqlglot import exp
 
-from goblin_assets import REPO_ROOT
 from goblin_assets.errors import WarehouseError
 
-SQL_ROOT = REPO_ROOT / "dbt_like_sql"
+#: The packaged models: ``goblin_assets/dbt_like_sql/{staging,marts}/*.sql``.
+SQL_ROOT: Traversable = files("goblin_assets") / "dbt_like_sql"
 LAYERS = ("staging", "marts")
 _MATERIALIZED = re.compile(r"^\s*--\s*materialized:\s*(view|table)\s*$", re.MULTILINE | re.IGNORECASE)
 
@@ -30,7 +32,7 @@ class SqlModel:
 
     name: str
     layer: str
-    path: Path
+    path: Traversable
     materialized: str
     sql: str
     upstream: tuple[str, ...]
@@ -53,8 +55,11 @@ def upstream_tables(sql: str, file: str = "<sql>") -> tuple[str, ...]:
     return tuple(sorted({t.name for t in tree.find_all(exp.Table) if t.name and t.name not in ctes}))
 
 
-def load_models(root: Path = SQL_ROOT) -> list[SqlModel]:
+def load_models(root: Traversable = SQL_ROOT) -> list[SqlModel]:
     """Every model under ``root/staging`` and ``root/marts``, in dependency order.
+
+    ``root`` is a ``pathlib.Path`` or an ``importlib.resources`` traversable; it
+    defaults to the packaged models.  A missing layer folder holds no models.
 
     Raises
     ------
@@ -64,17 +69,20 @@ def load_models(root: Path = SQL_ROOT) -> list[SqlModel]:
     """
     models: dict[str, SqlModel] = {}
     for layer in LAYERS:
-        for path in sorted((root / layer).glob("*.sql")):
+        folder = root / layer
+        paths = [p for p in folder.iterdir() if p.name.endswith(".sql") and p.is_file()] if folder.is_dir() else []
+        for path in sorted(paths, key=lambda p: p.name):
+            stem = path.name.removesuffix(".sql")
             sql = path.read_text(encoding="utf-8")
             m = _MATERIALIZED.search(sql)
             if not m:
                 raise WarehouseError(f"{path}: missing header comment '-- materialized: view|table'")
-            if path.stem in models:
-                raise WarehouseError(f"{path}: a model named {path.stem!r} already exists")
+            if stem in models:
+                raise WarehouseError(f"{path}: a model named {stem!r} already exists")
             comments = [ln.strip()[2:].strip() for ln in sql.splitlines() if ln.strip().startswith("--")]
             desc = " ".join(c for c in comments if not c.lower().startswith("materialized:"))
-            models[path.stem] = SqlModel(path.stem, layer, path, m.group(1).lower(), sql,
-                                         upstream_tables(sql, str(path)), desc)
+            models[stem] = SqlModel(stem, layer, path, m.group(1).lower(), sql,
+                                    upstream_tables(sql, str(path)), desc)
     order: list[SqlModel] = []
     state: dict[str, int] = {}
 

@@ -36,11 +36,17 @@ _PA_TYPES = {
 }
 
 TABLES: dict[str, list[tuple[str, str, bool]]] = {
+    "configs": [
+        ("audit_id", "VARCHAR", False), ("workload", "VARCHAR", False), ("field", "VARCHAR", False),
+        ("value_json", "VARCHAR", False), ("status", "VARCHAR", False), ("file", "VARCHAR", True),
+        ("line", "BIGINT", True), ("key", "VARCHAR", True), ("detail", "VARCHAR", False),
+        ("source_format", "VARCHAR", False),
+    ],
     "audits": [
         ("audit_id", "VARCHAR", False), ("workload", "VARCHAR", False), ("created_at", "TIMESTAMP", False),
         ("profile_run_id", "VARCHAR", False), ("baseline_run_id", "VARCHAR", True),
-        ("patched_run_id", "VARCHAR", True), ("baseline_throughput", "DOUBLE", True),
-        ("patched_throughput", "DOUBLE", True), ("unit", "VARCHAR", False),
+        ("patched_run_id", "VARCHAR", True), ("baseline_throughput_per_s", "DOUBLE", True),
+        ("patched_throughput_per_s", "DOUBLE", True), ("unit", "VARCHAR", False),
         ("measured_speedup", "DOUBLE", True), ("predicted_speedup_low", "DOUBLE", True),
         ("predicted_speedup_high", "DOUBLE", True), ("confidence", "DOUBLE", True),
         ("rules", "VARCHAR", False), ("diff", "VARCHAR", False), ("report_path", "VARCHAR", True),
@@ -59,7 +65,7 @@ TABLES: dict[str, list[tuple[str, str, bool]]] = {
     ],
     "waste_budget": [
         ("run_id", "VARCHAR", False), ("workload", "VARCHAR", False), ("label", "VARCHAR", False),
-        ("bucket", "VARCHAR", False), ("seconds", "DOUBLE", False), ("share", "DOUBLE", False),
+        ("bucket", "VARCHAR", False), ("time_per_step_s", "DOUBLE", False), ("share", "DOUBLE", False),
         ("status", "VARCHAR", False), ("note", "VARCHAR", False),
     ],
     "sketches": [
@@ -86,22 +92,23 @@ TABLES: dict[str, list[tuple[str, str, bool]]] = {
     ],
     "benchmarks": [
         ("audit_id", "VARCHAR", False), ("workload", "VARCHAR", False), ("label", "VARCHAR", False),
-        ("repeat", "BIGINT", False), ("throughput", "DOUBLE", False), ("unit", "VARCHAR", False),
-        ("median", "DOUBLE", False), ("spread", "DOUBLE", False), ("steps", "BIGINT", False),
+        ("repeat", "BIGINT", False), ("throughput_per_s", "DOUBLE", False), ("unit", "VARCHAR", False),
+        ("median_per_s", "DOUBLE", False), ("spread_per_s", "DOUBLE", False), ("steps", "BIGINT", False),
         ("cache_key", "VARCHAR", False), ("cache_hit", "BOOLEAN", False), ("provenance", "VARCHAR", False),
     ],
 }
 
 #: Extra checks per (table, column) beyond type and nullability.
 _CHECKS: dict[tuple[str, str], list[pa.Check]] = {
+    ("configs", "status"): [pa.Check.isin(["literal", "default", "variable", "env", "inferred", "unset"])],
     ("runs", "provenance"): [pa.Check.isin(["measured", "replayed", "modelled"])],
     ("waste_budget", "status"): [pa.Check.isin(["measured", "estimated", "not_observable"])],
-    ("waste_budget", "seconds"): [pa.Check.ge(0)],
+    ("waste_budget", "time_per_step_s"): [pa.Check.ge(0)],
     ("waste_budget", "share"): [pa.Check.in_range(0, 1)],
     ("sketches", "role"): [pa.Check.isin(["lhs", "rhs", "out", "probs", "route"])],
     ("sketches", "numel"): [pa.Check.ge(0)],
     ("kernels", "pct_time"): [pa.Check.in_range(0, 100)],
-    ("benchmarks", "throughput"): [pa.Check.gt(0)],
+    ("benchmarks", "throughput_per_s"): [pa.Check.gt(0)],
     ("benchmarks", "label"): [pa.Check.isin(["baseline", "patched"])],
 }
 
@@ -123,10 +130,15 @@ def schema(table: str, coerce: frozenset[str] | None = None) -> pa.DataFrameSche
     return _schema(table, frozenset(columns(table)) if coerce is None else frozenset(coerce))
 
 
+def _dtype(typ: str, nullable: bool):
+    """pandas dtype of a column: a nullable integer column is pandas' ``Int64`` (numpy int64 has no null)."""
+    return pd.Int64Dtype() if nullable and typ in ("BIGINT", "INTEGER") else _PA_TYPES[typ]
+
+
 @functools.lru_cache(maxsize=256)
 def _schema(table: str, coerce: frozenset[str]) -> pa.DataFrameSchema:
     cols = {
-        name: pa.Column(_PA_TYPES[typ], nullable=nullable, checks=_CHECKS.get((table, name), []),
+        name: pa.Column(_dtype(typ, nullable), nullable=nullable, checks=_CHECKS.get((table, name), []),
                         coerce=name in coerce)
         for name, typ, nullable in TABLES[table]
     }
@@ -141,7 +153,19 @@ def dtypes(table: str) -> dict[str, object]:
     KeyError
         Unknown table.
     """
-    return {name: _PA_TYPES[typ] for name, typ, _ in TABLES[table]}
+    return {name: _dtype(typ, nullable) for name, typ, nullable in TABLES[table]}
+
+
+#: Columns renamed since a warehouse may have been created: ``(table, old name, new name)``, applied in
+#: place by :func:`goblin_assets.warehouse.db.ensure_tables` (names gained their unit suffix; docs/naming.md).
+RENAMED_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("waste_budget", "seconds", "time_per_step_s"),
+    ("benchmarks", "throughput", "throughput_per_s"),
+    ("benchmarks", "median", "median_per_s"),
+    ("benchmarks", "spread", "spread_per_s"),
+    ("audits", "baseline_throughput", "baseline_throughput_per_s"),
+    ("audits", "patched_throughput", "patched_throughput_per_s"),
+)
 
 
 def ddl(table: str) -> str:

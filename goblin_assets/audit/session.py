@@ -1,0 +1,531 @@
+"""The audit session: the one orchestrator behind every front door.
+
+``goblin audit``, every tool of the audit agent (``goblin chat``) and every
+audit asset in Dagster call the stages of one :class:`AuditSession` and
+nothing else.  A stage runs at most once per session (its result is
+memoised); a session can be *seeded* with results computed elsewhere (a
+Dagster asset passes its upstream assets' values), so a stage never re-runs
+what it was given.
+
+Stages, in order (each named as its asset):
+
+=================  =====================================================  ==========================
+stage              what it returns                                        warehouse tables
+=================  =====================================================  ==========================
+training_config    the parsed ConfigDict (per-field provenance)           configs
+profile_run        a profiled run of the original (RunMetrics)            runs, kernels
+waste_budget       the profiled run's buckets                             waste_budget
+tensor_sketches    matmul sketch rows (tidy)                              sketches
+mined_patterns     findings per site and role                             patterns
+kb_index           the KB's rule embeddings (all-MiniLM-L6-v2)            kb_embeddings (new only)
+kb_matches         every rule checked on config, run, host and patterns   kb_matches
+patch              the fired rules applied to the user's own file         -
+benchmarks         baseline vs patched, alternating repeats               benchmarks
+patched_run        the patched program profiled                           runs, kernels, waste_budget
+audit_report       the report (measured, or replayed for a recording)     audits
+=================  =====================================================  ==========================
+
+A *replay* workload (a folder holding a recording, ``cached_metrics.json``,
+and no runnable script: the synthetic corpus) is never executed: its profile
+run is the recording (labelled replayed or modelled), the stages that need a
+measurement (tensor_sketches, benchmarks, patched_run) are ``not_observable``
+with the reason in :attr:`AuditSession.not_observable`, and the recorded
+environment (``environment.yaml``) is the session's host everywhere: rule
+checks, the patch's ``cores`` and package versions.
+
+Audit ids have one scheme, :func:`make_audit_id`; the runs of an audit are
+``<audit_id>-profile``, ``-patched`` and ``-sketch``.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from pydantic import ValidationError
+
+from goblin_assets import goblin_home
+from goblin_assets.audit.benchmark import benchmark
+from goblin_assets.audit.config import parse_config
+from goblin_assets.audit.kb import KnowledgeBase, detect_context, load_kb, match_rules
+from goblin_assets.audit.patch import edit_source, propose_patch, unified_diff
+from goblin_assets.audit.profile import profile_run, timed_metrics
+from goblin_assets.audit.report import (
+    AuditReport, ReplayReport, compare_runs, replay_report, write_html, write_report,
+)
+from goblin_assets.audit.retrieval import KBIndex, embedding_frame, index_for, retrieval_scores, run_symptoms
+from goblin_assets.contracts import (
+    CONFIG_FIELDS, BenchmarkResult, ConfigDict, Patch, RuleMatch, RunMetrics, WasteBucket,
+)
+from goblin_assets.errors import GoblinError, RunFailed
+from goblin_assets.host import HostFacts, current_host
+from goblin_assets.redact import redact
+from goblin_assets.runners.base import Runner
+from goblin_assets.runners.factory import make_runner, runner_for
+from goblin_assets.runners.replay import not_observable
+from goblin_assets.runners.workload import Workload
+from goblin_assets.settings import AuditSettings
+from goblin_assets.warehouse import frames as F
+from goblin_assets.warehouse.tables import columns
+
+Log = Callable[[str], None]
+
+#: The stages of an audit, in the order a full audit runs them (each is a method of AuditSession and an asset).
+STAGES: tuple[str, ...] = ("training_config", "profile_run", "waste_budget", "tensor_sketches", "mined_patterns",
+                           "kb_index", "kb_matches", "patch", "benchmarks", "patched_run", "audit_report")
+
+#: Distributions whose installed version decides which config keys a patch may write (version-gated keys).
+PATCH_PACKAGES: tuple[str, ...] = ("transformers", "torch", "peft", "trl")
+
+
+class WhatIfError(GoblinError):
+    """A what-if change cannot be used (names the field and the reason)."""
+
+
+def make_audit_id(workload: str, token: str | None = None) -> str:
+    """The id of one audit: ``<workload with / as ->-<first 8 characters of token>``.
+
+    ``token`` is the Dagster run id for an audit materialized in Dagster, a
+    fresh random hex string otherwise.  Every row an audit writes carries this
+    id (``audit_id``) or a run id derived from it (``<audit_id>-profile``,
+    ``-patched``, ``-sketch``).
+    """
+    return f"{workload.replace('/', '-')}-{(token or uuid.uuid4().hex)[:8]}"
+
+
+@dataclass
+class AuditSession:
+    """One workload's audit: how to run it, where it belongs, and every stage result so far.
+
+    Build one with :meth:`open`.  Stage methods are named as the Dagster
+    assets; each runs at most once and raises the stage's typed error
+    (ConfigParseError, RunFailed, KBError, PatchError, WarehouseError) with a
+    message naming the file and the reason.
+    """
+
+    workload: Workload
+    settings: AuditSettings
+    runner: Runner
+    host: HostFacts
+    audit_id: str
+    out_dir: Path
+    log: Log = field(default=lambda _: None, repr=False)
+    kb: KnowledgeBase | None = field(default=None, repr=False)
+    cached_embeddings: pd.DataFrame | None = field(default=None, repr=False)
+    overrides: dict[str, Any] = field(default_factory=dict)
+    whatif_diff: str = ""
+    results: dict[str, Any] = field(default_factory=dict, repr=False)
+    not_observable: dict[str, str] = field(default_factory=dict)
+    variants: dict[str, AuditSession] = field(default_factory=dict, repr=False)
+
+    # ------------------------------------------------------------------ building
+
+    @classmethod
+    def open(cls, workload: Workload, *, settings: AuditSettings | None = None, runner: Runner | None = None,
+             kb: KnowledgeBase | None = None, host: HostFacts | None = None, token: str | None = None,
+             audit_id: str | None = None, out_dir: Path | None = None, log: Log | None = None,
+             cached_embeddings: pd.DataFrame | None = None, **seeds: Any) -> AuditSession:
+        """A session for ``workload``.
+
+        Parameters
+        ----------
+        settings
+            Step budgets and limits (default :meth:`AuditSettings.from_env`).
+        runner
+            Where runs happen (default: the settings' runner kind).  A replay
+            workload always gets the replay runner on its recording.
+        kb
+            The rules (default: loaded when a stage first needs them).
+        host
+            The host facts (default: the recording's for a replay workload,
+            else :func:`goblin_assets.host.current_host`).
+        token, audit_id
+            The audit id is ``audit_id``, else :func:`make_audit_id` of ``token``.
+        out_dir
+            Where the patched copy, ``patch.diff`` and the report go (default
+            ``$GOBLIN_HOME/audits/<audit_id>``).
+        cached_embeddings
+            Rows of the ``kb_embeddings`` table for this KB version, when the
+            caller read them from the warehouse (the index is then not encoded).
+        **seeds
+            Stage results computed elsewhere, by stage name (e.g. ``profile_run=m``).
+
+        Raises
+        ------
+        WorkloadError
+            A replay workload's ``environment.yaml`` is not a mapping.
+        RunnerError
+            The runner cannot be built (unknown kind or setting).
+        """
+        settings = settings or AuditSettings.from_env()
+        runner = runner_for(workload, runner or make_runner(settings.kind, **settings.runner_settings()))
+        if host is None:
+            recorded = workload.recorded_environment() if workload.replay else None
+            host = (HostFacts.from_recording(recorded, workload.root / (workload.environment or ""))
+                    if recorded is not None else current_host())
+        aid = audit_id or make_audit_id(workload.name, token)
+        unknown = sorted(set(seeds) - set(STAGES))
+        if unknown:
+            raise ValueError(f"unknown stage(s) {', '.join(unknown)}; the stages are {', '.join(STAGES)}")
+        return cls(workload=workload, settings=settings, runner=runner, host=host, audit_id=aid,
+                   out_dir=out_dir or goblin_home() / "audits" / aid, log=log or (lambda _: None), kb=kb,
+                   cached_embeddings=cached_embeddings, results={k: v for k, v in seeds.items() if v is not None})
+
+    @property
+    def replay(self) -> bool:
+        """True when the workload is a recording: nothing is run, measured stages are not observable."""
+        return self.workload.replay
+
+    def _memo(self, stage: str, compute: Callable[[], Any]) -> Any:
+        if stage not in self.results:
+            self.results[stage] = compute()
+        return self.results[stage]
+
+    def rules(self) -> KnowledgeBase:
+        """The knowledge base (loaded on first use).  Raises KBError."""
+        if self.kb is None:
+            self.kb = load_kb()
+        return self.kb
+
+    def environ(self) -> dict[str, str]:
+        """The job's environment variables: the recorded or set ones, else this process's now."""
+        import os
+
+        return dict(self.host.env) if self.host.source != "detected" else dict(os.environ)
+
+    def cores(self) -> int:
+        """CPU cores of the job (the ``cores`` name of detect conditions and fix expressions)."""
+        return self.host.cores or self.host.affinity_cpus or self.host.online_cpus or 1
+
+    def packages(self) -> dict[str, str | None]:
+        """Versions of the libraries that gate config keys (:data:`PATCH_PACKAGES`), from the host facts."""
+        return {p: self.host.package(p) for p in PATCH_PACKAGES}
+
+    # ------------------------------------------------------------------ stages
+
+    def training_config(self) -> ConfigDict:
+        """Stage ``training_config``: the workload's config file parsed.  Raises ConfigParseError."""
+        def parse() -> ConfigDict:
+            self.log(f"training_config: parsing {self.workload.config_file.name}")
+            return parse_config(self.workload.config_file)
+        return self._memo("training_config", parse)
+
+    def _profile(self, label: str, p: Patch | None = None) -> RunMetrics:
+        s = self.settings
+        self.log(f"{label}: {self.workload.name}, {s.warmup_steps} warm-up + {s.profiled_steps} profiled steps "
+                 f"({self.runner.kind} runner)")
+        t0 = time.perf_counter()
+        m = profile_run(self.workload, self.runner, steps=s.profiled_steps, warmup=s.warmup_steps, label=label,
+                        script=Path(p.patched_file) if p and p.patched_file else None,
+                        env=p.env if p else None, unset_env=p.unset_env if p else None, host=self.host)
+        if not m.ok:
+            raise RunFailed(f"profile_run: {m.failure}\n--- stderr (tail) ---\n{m.stderr_tail[-1500:]}", m)
+        self.log(f"{label}: done in {time.perf_counter() - t0:.1f} s ({m.provenance.kind}): {m.steps} steps, "
+                 f"{(m.step_time_s or 0) * 1e3:.1f} ms/step, {m.throughput or 0:.1f} {m.unit}/s")
+        return m
+
+    def profile_run(self) -> RunMetrics:
+        """Stage ``profile_run``: the original under torch.profiler (or the recording, replayed).  Raises RunFailed."""
+        return self._memo("profile_run", lambda: self._profile("profile"))
+
+    def waste_budget(self) -> dict[str, WasteBucket]:
+        """Stage ``waste_budget``: the profiled run's step time split into buckets (seconds per step)."""
+        return self._memo("waste_budget", lambda: self.profile_run().waste_budget)
+
+    def _why_not(self, mode: str) -> str | None:
+        reason = not_observable(self.workload, self.runner, mode)
+        if reason:
+            self.not_observable.setdefault("tensor_sketches" if mode == "sketch" else "benchmarks", reason)
+        return reason
+
+    def tensor_sketches(self) -> pd.DataFrame:
+        """Stage ``tensor_sketches``: every forward matmul's operands sketched on the device (tidy rows).
+
+        Empty for a replay (the reason is in :attr:`not_observable`).  Raises RunFailed.
+        """
+        def record() -> pd.DataFrame:
+            if self._why_not("sketch"):
+                self.log(f"tensor_sketches: {self.not_observable['tensor_sketches']}")
+                return pd.DataFrame(columns=columns("sketches"))
+            from goblin_assets.opscope.record import record_sketches  # torch: imported when a recording runs
+
+            self.log(f"tensor_sketches: tapping forward matmuls for {self.settings.sketch_steps} steps")
+            rec = record_sketches(self.workload, self.runner, steps=self.settings.sketch_steps,
+                                  run_id=f"{self.audit_id}-sketch")
+            self.results["sketch_run"] = timed_metrics(rec.raw, self.workload, self.host)
+            self.log(f"tensor_sketches: {len(rec.rows)} rows from {rec.rows['site'].nunique()} sites")
+            return rec.rows
+        return self._memo("tensor_sketches", record)
+
+    def mined_patterns(self) -> pd.DataFrame:
+        """Stage ``mined_patterns``: findings per site and role of the sketches (empty when there are none)."""
+        def mine() -> pd.DataFrame:
+            sk = self.tensor_sketches()
+            if sk.empty:
+                return pd.DataFrame(columns=columns("patterns"))
+            from goblin_assets.opscope.miner import mine_patterns  # torch: imported when it runs
+
+            return mine_patterns(sk)
+        return self._memo("mined_patterns", mine)
+
+    def kb_index(self) -> KBIndex:
+        """Stage ``kb_index``: the rules' embeddings, from the cached rows given to :meth:`open` or encoded now."""
+        return self._memo("kb_index", lambda: index_for(self.rules(), self.cached_embeddings))
+
+    def kb_matches(self) -> list[RuleMatch]:
+        """Stage ``kb_matches``: retrieval proposes, detection confirms.
+
+        Every rule's ``detect`` conditions are checked on the config, the
+        profiled run, the session's host facts (the recording's for a replay)
+        and the mined patterns (``patterns.<site>.<finding>``); each match also
+        records the cosine similarity of the rule to a symptom sentence built
+        from the run's measured waste (all-MiniLM-L6-v2, see retrieval.py).
+        """
+        def match() -> list[RuleMatch]:
+            scores = retrieval_scores(self.kb_index(), run_symptoms(self.training_config(), self.profile_run()))
+            matches = [m.model_copy(update={"retrieval_score": scores.get(m.rule_id)}) for m in self.rule_checks()]
+            self.log(f"kb_matches: {len(matches)} rules checked, {sum(m.fired for m in matches)} fired")
+            return matches
+        return self._memo("kb_matches", match)
+
+    def detect_context(self) -> dict[str, Any]:
+        """What detect conditions read: config, profiled run, host facts, job environment, mined patterns."""
+        return detect_context(self.training_config(), self.profile_run(), self.host, env=self.environ(),
+                              cores=self.cores(), patterns=self.mined_patterns())
+
+    def rule_checks(self) -> list[RuleMatch]:
+        """Every rule's detect conditions on :meth:`detect_context` (fired first), without retrieval scores.
+
+        :meth:`kb_matches` is this plus the retrieval scores; the KB's corpus
+        recall reads this alone (no embedding model needed).
+        """
+        return self._memo("rule_checks", lambda: match_rules(self.rules(), self.detect_context()))
+
+    def patch(self) -> Patch:
+        """Stage ``patch``: the fired rules applied to a copy of the user's own file.
+
+        Writes the patched copy (``out_dir/workload``) and ``patch.diff`` (the
+        exact, unredacted diff, for ``git apply``) on this machine only; rules
+        are sized for the session host's cores and package versions.
+        Raises PatchError.
+        """
+        def propose() -> Patch:
+            p = propose_patch(self.training_config(), self.rules(), self.kb_matches(), self.profile_run(),
+                              cores=self.cores(), workload_root=self.workload.root, out_dir=self.out_dir,
+                              source=self.workload.config_file, packages=self.packages())
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            (self.out_dir / "patch.diff").write_text(p.diff, encoding="utf-8")
+            self.log(f"patch: {len(p.applied)} rules applied, {len(p.dropped)} dropped")
+            return p
+        return self._memo("patch", propose)
+
+    def benchmarks(self) -> dict[str, BenchmarkResult] | None:
+        """Stage ``benchmarks``: baseline vs patched, alternating repeats (cached); None for a replay.
+
+        Raises RunFailed.
+        """
+        def bench() -> dict[str, BenchmarkResult] | None:
+            if self._why_not("benchmark"):
+                self.log(f"benchmarks: {self.not_observable['benchmarks']}")
+                return None
+            s, p = self.settings, self.patch()
+            self.log(f"benchmarks: {s.bench_repeats} alternating repeats of {s.bench_steps} steps, baseline and "
+                     f"patched")
+            arms = {
+                "baseline": {"config": self.training_config().values(), "script": self.workload.script},
+                "patched": {"config": p.new_config, "script": Path(p.patched_file or self.workload.script),
+                            "env": p.env, "unset_env": p.unset_env},
+            }
+            return benchmark(self.workload, self.runner, arms, steps=s.bench_steps, repeats=s.bench_repeats,
+                             warmup=s.warmup_steps, log=self.log)
+        return self._memo("benchmarks", bench)
+
+    def patched_run(self) -> RunMetrics | None:
+        """Stage ``patched_run``: the patched program profiled; None for a replay.  Raises RunFailed."""
+        def run() -> RunMetrics | None:
+            if self._why_not("benchmark"):
+                return None
+            return self._profile("patched", self.patch())
+        return self._memo("patched_run", run)
+
+    def audit_report(self) -> AuditReport | ReplayReport:
+        """Stage ``audit_report``: the report, written to ``out_dir`` (report.md, and .png/.html when measured).
+
+        A replay's report (:class:`ReplayReport`) states the recorded numbers
+        with their label and no measured speedup.
+        """
+        def report() -> AuditReport | ReplayReport:
+            before, p, cfg = self.profile_run(), self.patch(), self.training_config()
+            bench, after = self.benchmarks(), self.patched_run()
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            if bench is None or after is None:
+                rep = replay_report(before, p, cfg, model=self.workload.model)
+                (self.out_dir / "report.md").write_text(rep.markdown, encoding="utf-8")
+                self.results["report_path"] = self.out_dir / "report.md"
+            else:
+                rep = compare_runs(before, after, bench, p, cfg, model=self.workload.model)
+                self.results["report_path"] = write_report(rep, self.out_dir)
+            return rep
+        return self._memo("audit_report", report)
+
+    @property
+    def report_path(self) -> Path | None:
+        """The written ``report.md`` (None before :meth:`audit_report` ran)."""
+        return self.results.get("report_path")
+
+    def run_all(self) -> AuditSession:
+        """Run every stage in order (what ``goblin audit`` does); returns ``self``."""
+        for i, stage in enumerate(STAGES, 1):
+            self.log(f"[{i}/{len(STAGES)}] {stage}")
+            getattr(self, stage)()
+        return self
+
+    # ------------------------------------------------------------------ rows and JSON
+
+    def rows(self, stage: str) -> dict[str, pd.DataFrame]:
+        """The warehouse rows of one stage (runs it if needed), by table.
+
+        ``benchmarks`` also holds the patched run's ``runs``, ``kernels`` and
+        ``waste_budget`` rows (the asset that benchmarks profiles the patched
+        run too); ``kb_index`` holds ``kb_embeddings`` rows only when the
+        embeddings were encoded now (not read from the warehouse).
+        """
+        aid, name = self.audit_id, self.workload.name
+        if stage == "training_config":
+            return {"configs": F.configs_frame(self.training_config(), aid, name)}
+        if stage == "profile_run":
+            m = self.profile_run()
+            return {"runs": F.runs_frame(m, f"{aid}-profile", "profile", aid),
+                    "kernels": F.kernels_frame(m, f"{aid}-profile")}
+        if stage == "waste_budget":
+            return {"waste_budget": F.waste_frame(self.profile_run(), f"{aid}-profile", "profile")}
+        if stage == "tensor_sketches":
+            rows = {"sketches": self.tensor_sketches()}
+            if "sketch_run" in self.results:  # the recording run, so sketches join their audit through runs
+                rows["runs"] = F.runs_frame(self.results["sketch_run"], f"{aid}-sketch", "sketch", aid)
+            return rows
+        if stage == "mined_patterns":
+            return {"patterns": self.mined_patterns()}
+        if stage == "kb_index":
+            idx = self.kb_index()
+            return {} if idx.from_cache else {"kb_embeddings": embedding_frame(self.rules(), idx)}
+        if stage == "kb_matches":
+            return {"kb_matches": F.kb_frame(self.kb_matches(), aid, name)}
+        if stage in ("benchmarks", "patched_run"):
+            bench, after = self.benchmarks(), self.patched_run()
+            if bench is None or after is None:
+                return {}
+            pid = f"{aid}-patched"
+            return {"benchmarks": F.bench_frame(bench, aid, name), "runs": F.runs_frame(after, pid, "patched", aid),
+                    "waste_budget": F.waste_frame(after, pid, "patched"), "kernels": F.kernels_frame(after, pid)}
+        if stage == "audit_report":
+            rep = self.audit_report()
+            return {"audits": F.audit_frame(aid, name, f"{aid}-profile",
+                                            f"{aid}-patched" if self.patched_run() else None, rep, self.patch(),
+                                            self.report_path)}
+        if stage == "patch":
+            return {}
+        raise ValueError(f"unknown stage {stage!r}; the stages are {', '.join(STAGES)}")
+
+    def frames(self) -> dict[str, pd.DataFrame]:
+        """All warehouse rows of the audit, by table (what ``goblin audit`` writes in one transaction)."""
+        out: dict[str, list[pd.DataFrame]] = {}
+        for stage in (*STAGES[:9], "audit_report"):
+            for table, df in self.rows(stage).items():
+                out.setdefault(table, []).append(df)
+        return {t: dfs[0] if len(dfs) == 1 else pd.concat([d for d in dfs if not d.empty] or dfs[:1],
+                                                           ignore_index=True) for t, dfs in out.items()}
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``goblin audit --json`` object (keys are a contract: extend, never rename).
+
+        For a replay, ``patched`` is None, ``benchmark`` is empty,
+        ``measured_speedup`` is None and ``not_observable`` says why.
+        """
+        rep, p, after, bench = self.audit_report(), self.patch(), self.patched_run(), self.benchmarks() or {}
+        return {
+            "audit_id": self.audit_id,
+            "workload": self.workload.name,
+            "config": json.loads(self.training_config().model_dump_json(exclude={"raw_source"})),
+            "baseline": json.loads(self.profile_run().model_dump_json()),
+            "patched": json.loads(after.model_dump_json()) if after is not None else None,
+            "benchmark": {k: json.loads(v.model_dump_json(exclude={"metrics"})) for k, v in bench.items()},
+            "measured_speedup": rep.measured_speedup,
+            "predicted_speedup": [rep.predicted_low, rep.predicted_high],
+            "confidence": rep.confidence,
+            "rules": [a.rule_id for a in p.applied],
+            "fired_rules": [m.rule_id for m in self.kb_matches() if m.fired],
+            "dropped_rules": p.dropped,
+            "diff": redact(p.diff),
+            "report_path": str(self.report_path),
+            "provenance": self.profile_run().provenance.kind,
+            "host": {"source": self.host.source, "cores": self.cores(),
+                     "cpu_bf16_matmul": self.host.cpu_bf16_matmul, "devices": self.host.devices},
+            "not_observable": dict(self.not_observable),
+        }
+
+    def write_html(self, path: Path) -> Path:
+        """The report as one self-contained HTML file at ``path``; returns it."""
+        return write_html(self.audit_report(), path)
+
+    # ------------------------------------------------------------------ what-if
+
+    def what_if(self, overrides: dict[str, Any] | None) -> AuditSession:
+        """The session of this workload with ``overrides`` written into a copy of its file.
+
+        Returns ``self`` when ``overrides`` is empty or changes nothing; the
+        same child session for the same overrides.  The child shares the
+        runner, settings, host and rules, and is audited as a workload of its
+        own (same benchmark cache).
+
+        Raises
+        ------
+        WhatIfError
+            Overrides on a what-if session, an unknown field, or a value the
+            ConfigDict does not accept.
+        PatchError
+            The value cannot be written into the user's file.
+        """
+        if self.overrides and overrides:
+            raise WhatIfError("overrides: a what-if session takes no further overrides")
+        if not overrides:
+            return self
+        cfg = self.training_config()
+        unknown = sorted(set(overrides) - set(CONFIG_FIELDS))
+        if unknown:
+            raise WhatIfError(f"overrides: unknown field(s) {', '.join(unknown)}; "
+                              f"the fields are {', '.join(CONFIG_FIELDS)}")
+        try:
+            ConfigDict.model_validate({**cfg.values(), **overrides})
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            raise WhatIfError(f"overrides.{first['loc'][0]}: {first['msg']}") from None
+        changes = {k: v for k, v in overrides.items() if cfg.values()[k] != v}
+        if not changes:
+            return self
+        key = json.dumps(changes, sort_keys=True, default=str)
+        if key not in self.variants:
+            src = self.workload.config_file
+            original = src.read_text(encoding="utf-8")
+            edited = edit_source(cfg, changes, src, self.packages())
+            out = self.out_dir / f"whatif-{hashlib.sha256(key.encode()).hexdigest()[:8]}"
+            copy = out / "source"  # not out/workload: the patch stage writes its patched copy there
+            if copy.exists():
+                shutil.rmtree(copy)
+            shutil.copytree(self.workload.root, copy, ignore=shutil.ignore_patterns("__pycache__", ".git"))
+            rel = src.resolve().relative_to(self.workload.root.resolve()).as_posix()
+            (copy / rel).write_text(edited, encoding="utf-8")
+            self.variants[key] = AuditSession(
+                workload=self.workload.model_copy(update={"root": copy}), settings=self.settings, runner=self.runner,
+                host=self.host, audit_id=f"{self.audit_id}-whatif-{hashlib.sha256(key.encode()).hexdigest()[:6]}",
+                out_dir=out, log=self.log, kb=self.kb, cached_embeddings=self.cached_embeddings, overrides=changes,
+                whatif_diff=unified_diff(original, edited, rel), results=(
+                    {"kb_index": self.results["kb_index"]} if "kb_index" in self.results else {}))
+        return self.variants[key]

@@ -1,0 +1,82 @@
+"""What the ``goblin`` commands share: the consoles, the settings options, and opening an audit session."""
+from __future__ import annotations
+
+import argparse
+
+from rich.console import Console
+
+#: Progress and errors go to stderr; results to stdout.
+console = Console(stderr=True)
+out = Console()
+
+
+def add_settings_options(p: argparse.ArgumentParser, bench: bool = True) -> None:
+    """The options that override :class:`~goblin_assets.settings.AuditSettings` (defaults: ``GOBLIN_RUNNER_*``)."""
+    from goblin_assets.settings import AuditSettings
+
+    d = AuditSettings.model_fields
+    p.add_argument("--steps", dest="profiled_steps", type=int, default=None,
+                   help=f"profiled steps (default {d['profiled_steps'].default}, after "
+                        f"{d['warmup_steps'].default} warm-up steps)")
+    if bench:
+        p.add_argument("--bench-steps", dest="bench_steps", type=int, default=None,
+                       help=f"timed steps per benchmark repeat (default {d['bench_steps'].default})")
+        p.add_argument("--repeats", dest="bench_repeats", type=int, default=None,
+                       help=f"alternating benchmark repeats per arm (default {d['bench_repeats'].default})")
+    p.add_argument("--timeout", dest="timeout_s", type=float, default=None,
+                   help=f"wall-clock limit per child run, seconds (default {d['timeout_s'].default:g})")
+
+
+def settings_from_args(args):
+    """The audit settings: ``GOBLIN_RUNNER_*`` from the environment, then the command's own options."""
+    from goblin_assets.settings import AuditSettings
+
+    return AuditSettings.from_env(**{f: getattr(args, f, None) for f in AuditSettings.model_fields})
+
+
+def cached_embeddings(kb):
+    """The warehouse's ``kb_embeddings`` rows of this KB version (None when the warehouse cannot be read now)."""
+    from goblin_assets.audit.retrieval import MODEL_NAME
+    from goblin_assets.errors import WarehouseError
+    from goblin_assets.warehouse.db import query
+
+    try:
+        return query("SELECT * FROM kb_embeddings WHERE kb_sha256 = ? AND model = ?", params=[kb.sha256, MODEL_NAME])
+    except WarehouseError:  # e.g. another process holds the write lock: encode instead
+        return None
+
+
+def open_session(args, with_kb: bool = True, **kw):
+    """The audit session of ``args.path`` with the command's settings and progress on stderr.
+
+    ``with_kb``: load the rules and the warehouse's cached rule embeddings up front (an audit needs both).
+    """
+    from goblin_assets.audit.kb import load_kb
+    from goblin_assets.audit.session import AuditSession
+    from goblin_assets.runners.workload import load_workload
+
+    wl = load_workload(args.path)
+    kb = load_kb() if with_kb else None
+    return AuditSession.open(wl, settings=settings_from_args(args), kb=kb,
+                             cached_embeddings=cached_embeddings(kb) if kb else None,
+                             log=lambda s: console.print(f"[dim]{s}[/dim]", highlight=False), **kw)
+
+
+def cached_kb_index(kb):
+    """The rules' embeddings: from the warehouse's ``kb_embeddings`` rows, else encoded now and written there.
+
+    A warehouse that cannot be read or written right now (another process
+    holds DuckDB's write lock) only costs the encoding: the index is still
+    returned.
+    """
+    from goblin_assets.audit.retrieval import embedding_frame, index_for
+    from goblin_assets.errors import WarehouseError
+    from goblin_assets.warehouse.db import write
+
+    idx = index_for(kb, cached_embeddings(kb))
+    if not idx.from_cache:
+        try:
+            write({"kb_embeddings": embedding_frame(kb, idx)})
+        except WarehouseError as exc:
+            console.print(f"[dim]embedding cache not written: {exc}[/dim]", highlight=False)
+    return idx

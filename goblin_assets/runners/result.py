@@ -1,0 +1,192 @@
+"""What a run leaves behind: the child harness's ``result.json`` as a model, and the RawRun around it.
+
+The protocol layer of the runners: :mod:`goblin_assets.runners.base` (the
+Runner protocol), every runner and every reader of a run import these types
+from here, and this module imports no runner.
+
+* :class:`HarnessResult` is the one schema of ``RUN_DIR/result.json``: the
+  child (:mod:`goblin_assets.runners.harness`) writes it with
+  :meth:`HarnessResult.write`, the parent reads it back with
+  :meth:`HarnessResult.read`, which names the file and the first invalid
+  field instead of raising a traceback from deep inside a reader.
+* :class:`RawRun` is what ``Runner.run`` returns: the parsed result, the
+  run's folder and, for a runner that measures nothing itself (replay), the
+  finished :class:`~goblin_assets.contracts.RunMetrics` in ``metrics``.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from goblin_assets.contracts import RunMetrics
+from goblin_assets.errors import GoblinError
+
+Mode = Literal["profile", "benchmark", "sketch"]
+
+#: The file the harness writes into its run folder.
+RESULT_NAME = "result.json"
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def read_json_model(path: str | Path, model: type[M], error: type[GoblinError]) -> M:
+    """Read a JSON file as a pydantic ``model``.
+
+    Raises
+    ------
+    error
+        The file is missing or unreadable, not JSON, or fails validation; the
+        message names the file and the first invalid field (``field
+        'per_step.0.samples': ...``).
+    """
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise error(f"{p}: no such file") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise error(f"{p}: not a JSON file ({exc})") from None
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(x) for x in first["loc"]) or "(top level)"
+        raise error(f"{p}: field '{where}': {first['msg']}") from None
+
+
+class HarnessResultError(GoblinError):
+    """A ``result.json`` that is missing, not JSON, or not a HarnessResult (names the file and the field)."""
+
+
+class StepRecord(BaseModel):
+    """One measured optimizer step, as the harness counted it.
+
+    Units: counts of samples / tokens / non-padding tokens / data-loader
+    batches seen during the step; ``data_wait_s`` seconds spent inside the
+    data loader's ``__next__``; ``step_time_s`` seconds from the previous
+    optimizer step to this one; ``t_start_s``/``t_end_s`` the step's bounds
+    on CLOCK_MONOTONIC (``time.perf_counter`` on Linux), seconds, so they line
+    up with rocprofv3's nanosecond timestamps.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    samples: int = Field(ge=0)
+    tokens: int = Field(ge=0)
+    nonpad_tokens: int = Field(ge=0)
+    data_wait_s: float = Field(ge=0)
+    batches: int = Field(ge=0)
+    step_time_s: float = Field(ge=0)
+    t_start_s: float
+    t_end_s: float
+
+
+class OpTime(BaseModel):
+    """One op of the profiler's ``key_averages``: self time and calls.
+
+    ``self_us`` is µs of device time on GPU runs, of CPU time on CPU runs.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    self_us: float
+    count: int
+
+
+class HarnessResult(BaseModel):
+    """Everything the child harness reports to the parent (``RUN_DIR/result.json``).
+
+    ``device`` is ``cuda`` (CUDA or ROCm: both use the ``torch.cuda`` API) or
+    ``cpu`` (also a GPU run that allocated nothing on the GPU; a warning says
+    so).  Memory in GB (1e9 bytes): ``max_rss_gb`` and ``rss_gb_samples`` (one
+    per measured step) are the child's host RSS; ``mem_peak_gb`` (device
+    peak), ``mem_static_gb`` (allocated after the optimizer step: weights,
+    grads, optimizer state) and ``mem_total_gb`` only on ``cuda``.  ``trace``
+    (the Chrome trace's path), ``ops`` (the top 50 ops by self time) and
+    ``flops_total`` (FLOPs torch.profiler counted with ``with_flops``) only
+    in ``profile`` mode.  ``num_threads`` is torch's intra-op thread count.
+    Host facts (cores, CPU instruction sets) are not the harness's to report:
+    they come from :mod:`goblin_assets.host`.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    warnings: list[str] = Field(default_factory=list)
+    reached_budget: bool
+    steps_seen: int = Field(ge=0)
+    per_step: list[StepRecord] = Field(default_factory=list)
+    device: Literal["cpu", "cuda"]
+    torch_version: str
+    hip_version: str | None = None
+    cuda_version: str | None = None
+    num_threads: int = Field(ge=1)
+    max_rss_gb: float = Field(ge=0)
+    rss_gb_samples: list[float] = Field(default_factory=list)
+    device_name: str | None = None
+    mem_peak_gb: float | None = None
+    mem_static_gb: float | None = None
+    mem_total_gb: float | None = None
+    trace: str | None = None
+    ops: list[OpTime] = Field(default_factory=list)
+    flops_total: int = Field(default=0, ge=0)
+
+    @property
+    def trace_path(self) -> Path | None:
+        """The Chrome trace the harness wrote (``profile`` mode), else None."""
+        return Path(self.trace) if self.trace else None
+
+    def write(self, run_dir: str | Path) -> Path:
+        """Write ``RUN_DIR/result.json`` and return its path."""
+        p = Path(run_dir) / RESULT_NAME
+        p.write_text(self.model_dump_json(), encoding="utf-8")
+        return p
+
+    @classmethod
+    def read(cls, path: str | Path) -> HarnessResult:
+        """Read and validate a ``result.json``.
+
+        Raises
+        ------
+        HarnessResultError
+            The file is missing, not JSON, or fails validation; the message
+            names the file and the first invalid field (``per_step.0.samples``).
+        """
+        return read_json_model(path, cls, HarnessResultError)
+
+
+@dataclass
+class RawRun:
+    """What one ``Runner.run`` left behind.
+
+    ``ok`` is False with ``failure`` (one sentence naming the script and the
+    reason) when the child timed out, was killed, exited non-zero, ended
+    before its warm-up or wrote no valid ``result.json``; ``stderr_tail`` is
+    the end of its stderr and ``wall_s`` its wall-clock seconds.  ``result``
+    is the harness's report (None when the child wrote none).  ``extra``
+    holds a runner's own findings beyond the harness's, read back by the same
+    runner's ``fold_metrics`` (the rocprof runner: ``extra["rocprof"]``).
+    ``metrics`` is set by a runner that returns finished RunMetrics instead
+    of running anything (the replay runner, also on failure); ``profile_run``
+    returns it as it is.
+    """
+
+    ok: bool
+    run_dir: Path
+    mode: Mode
+    result: HarnessResult | None = None
+    failure: str | None = None
+    stderr_tail: str = ""
+    returncode: int | None = None
+    wall_s: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+    metrics: RunMetrics | None = None
+
+    @property
+    def trace_path(self) -> Path | None:
+        """The run's Chrome trace (``profile`` mode of a measured run), else None."""
+        return self.result.trace_path if self.result is not None else None
