@@ -55,7 +55,8 @@ from goblin_assets import goblin_home
 from goblin_assets.audit.benchmark import benchmark
 from goblin_assets.audit.config import parse_config
 from goblin_assets.audit.kb import KnowledgeBase, detect_context, load_kb, match_rules
-from goblin_assets.audit.patch import edit_source, propose_patch, unified_diff
+from goblin_assets.audit.changeset import ChangeSet
+from goblin_assets.audit.patch import edit_source, propose_patch, unified_diff, write_changes
 from goblin_assets.audit.profile import profile_run, timed_metrics
 from goblin_assets.audit.report import (
     AuditReport, ReplayReport, compare_runs, replay_report, write_html, write_report,
@@ -320,11 +321,77 @@ class AuditSession:
             p = propose_patch(self.training_config(), self.rules(), self.kb_matches(), self.profile_run(),
                               cores=self.cores(), workload_root=self.workload.root, out_dir=self.out_dir,
                               source=self.workload.config_file, packages=self.packages())
+            p = self._validated(p)
             self.out_dir.mkdir(parents=True, exist_ok=True)
             (self.out_dir / "patch.diff").write_text(p.diff, encoding="utf-8")
             self.log(f"patch: {len(p.applied)} rules applied, {len(p.dropped)} dropped")
             return p
         return self._memo("patch", propose)
+
+    # ------------------------------------------------------------------ patch validation
+
+    def _validation_failure(self, p: Patch) -> str | None:
+        """Run the patched program for one optimizer step (same runner, same sandbox): None, or why it failed."""
+        raw = self.runner.run(self.workload, "benchmark", steps=1, warmup=0,
+                              script=Path(p.patched_file or self.workload.script), env=p.env, unset_env=p.unset_env,
+                              label="validate")
+        self.results.setdefault("patch_validation", []).append(
+            {"rules": [a.rule_id for a in p.applied], "ok": raw.ok, "failure": raw.failure})
+        return None if raw.ok else raw.failure
+
+    def _written(self, cs: ChangeSet, out_dir: Path) -> Patch:
+        """``cs`` written into a copy of the workload under ``out_dir`` (see :func:`write_changes`)."""
+        return write_changes(self.training_config(), cs, self.workload.config_file, self.packages(),
+                             self.workload.root, out_dir)
+
+    def _validated(self, p: Patch) -> Patch:
+        """``p`` after validation: culprit rules dropped, each with the child's own error line.
+
+        The patched program runs one step first.  When it fails, each applied
+        rule is tried alone; the rules that fail alone are the culprits (when
+        none does, the rules are added one at a time in uplift order and the
+        first whose addition fails is).  The culprits are excluded from the
+        change-set, which is re-resolved, written and validated again, until
+        the patched program runs or no rule is left.  A replay runs nothing:
+        its patch is not validated (``not_observable`` says so).
+        """
+        if not p.applied or p.change_set is None:
+            return p
+        if self._why_not("benchmark"):
+            self.not_observable.setdefault("patch_validation", self.not_observable["benchmarks"])
+            return p
+        cs = ChangeSet.model_validate(p.change_set)
+        while p.applied:
+            self.log(f"patch: validating {len(p.applied)} rule(s) with one step of the patched program")
+            failure = self._validation_failure(p)
+            if failure is None:
+                break
+            culprits = self._culprits(cs, [a.rule_id for a in p.applied], failure)
+            for rid, why in culprits.items():
+                self.log(f"patch: dropped {rid}: the patched program failed ({why})")
+            cs = cs.without({rid: f"dropped: the patched program failed in this environment ({why})"
+                             for rid, why in culprits.items()})
+            p = self._written(cs, self.out_dir)
+        return p
+
+    def _culprits(self, cs: ChangeSet, applied: list[str], failure: str) -> dict[str, str]:
+        """The rules that make the patched program fail, each with the failure line of its own run."""
+        if len(applied) == 1:
+            return {applied[0]: failure}
+        found: dict[str, str] = {}
+        for rid in applied:
+            alone = self._written(cs.without({o: "validated alone" for o in applied if o != rid}),
+                                  self.out_dir / "validate" / rid)
+            if alone.applied and (why := self._validation_failure(alone)) is not None:
+                found[rid] = why
+        if found:
+            return found
+        for i, rid in enumerate(applied[1:], 2):  # only a combination fails: the first rule whose addition fails
+            prefix = self._written(cs.without({o: "validated later" for o in applied[i:]}),
+                                   self.out_dir / "validate" / f"first-{i}")
+            if (why := self._validation_failure(prefix)) is not None:
+                return {rid: why}
+        return {applied[-1]: failure}
 
     def benchmarks(self) -> dict[str, BenchmarkResult] | None:
         """Stage ``benchmarks``: baseline vs patched, alternating repeats (cached); None for a replay.
@@ -468,6 +535,7 @@ class AuditSession:
             "provenance": self.profile_run().provenance.kind,
             "host": {"source": self.host.source, "cores": self.cores(),
                      "cpu_bf16_matmul": self.host.cpu_bf16_matmul, "devices": self.host.devices},
+            "patch_validation": self.results.get("patch_validation", []),
             "not_observable": dict(self.not_observable),
         }
 
