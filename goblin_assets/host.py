@@ -65,7 +65,8 @@ class HostFacts(BaseModel):
     the NUMA node count; ``amx_bf16`` / ``avx512_bf16`` the CPU flags (None:
     unknown); ``devices`` the accelerator names (``torch.cuda`` device names;
     empty: none); ``packages`` installed versions by distribution name (None:
-    not installed); ``env`` the job's environment variables.  ``source`` says
+    not installed); ``env`` the job's environment variables (None: this
+    process's environment, read when asked: :meth:`job_env`).  ``source`` says
     whether the facts were ``detected`` here, ``recorded`` with a replay, or
     ``set`` by ``GOBLIN_HOST_FACTS``/a test.
     """
@@ -80,7 +81,7 @@ class HostFacts(BaseModel):
     avx512_bf16: bool | None = None
     devices: list[str] = Field(default_factory=list)
     packages: dict[str, str | None] = Field(default_factory=dict)
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, str] | None = None
 
     @property
     def cpu_bf16_matmul(self) -> bool | None:
@@ -89,6 +90,10 @@ class HostFacts(BaseModel):
         if any(flags):
             return True
         return None if None in flags else False
+
+    def job_env(self) -> dict[str, str]:
+        """The job's environment variables: the recorded or set ones, else this process's, now."""
+        return dict(os.environ) if self.env is None else dict(self.env)
 
     def host_context(self) -> dict[str, Any]:
         """The ``host.*`` values of detect conditions (:data:`HOST_KEYS`)."""
@@ -158,8 +163,8 @@ def detect_host() -> HostFacts:
     ``affinity_cpus`` counts ``os.sched_getaffinity(0)`` (fewer than online
     when pinned with ``taskset``/``numactl``); ``numa_nodes`` counts
     ``/sys/devices/system/node/node*``; CPU flags come from ``/proc/cpuinfo``;
-    ``devices`` from ``torch.cuda`` (ROCm builds included); ``env`` is
-    ``os.environ``.
+    ``devices`` from ``torch.cuda`` (ROCm builds included); ``env`` is left
+    None: the process's environment is read each time it is asked for.
     """
     try:
         affinity: int | None = len(os.sched_getaffinity(0))
@@ -171,7 +176,7 @@ def detect_host() -> HostFacts:
         affinity_cpus=affinity, numa_nodes=len(glob.glob("/sys/devices/system/node/node[0-9]*")) or None,
         amx_bf16=None if flags is None else "amx_bf16" in flags,
         avx512_bf16=None if flags is None else "avx512_bf16" in flags,
-        devices=_devices(), packages={p: _version(p) for p in KNOWN_PACKAGES}, env=dict(os.environ))
+        devices=_devices(), packages={p: _version(p) for p in KNOWN_PACKAGES})
 
 
 def _validated(data: dict[str, Any], where: str) -> HostFacts:

@@ -177,7 +177,7 @@ def detect_context(config: ConfigDict, metrics: RunMetrics, host: HostFacts | No
     prov = metrics.provenance
     platform = "rocm" if prov.hip_version else ("cuda" if prov.cuda_version and prov.device != "cpu" else "cpu")
     sh = shares(metrics.waste_budget)
-    env_now = dict(env if env is not None else host.env)
+    env_now = dict(env) if env is not None else host.job_env()
     given = dict(host.packages if packages is None else packages)
     return {
         "config": config.values(),

@@ -195,11 +195,6 @@ class AuditSession:
             self.kb = load_kb()
         return self.kb
 
-    def environ(self) -> dict[str, str]:
-        """The job's environment variables: the recorded or set ones, else this process's now."""
-        import os
-
-        return dict(self.host.env) if self.host.source != "detected" else dict(os.environ)
 
     def cores(self) -> int:
         """CPU cores of the job (the ``cores`` name of detect conditions and fix expressions)."""
@@ -298,8 +293,8 @@ class AuditSession:
 
     def detect_context(self) -> dict[str, Any]:
         """What detect conditions read: config, profiled run, host facts, job environment, mined patterns."""
-        return detect_context(self.training_config(), self.profile_run(), self.host, env=self.environ(),
-                              cores=self.cores(), patterns=self.mined_patterns())
+        return detect_context(self.training_config(), self.profile_run(), self.host, cores=self.cores(),
+                              patterns=self.mined_patterns())
 
     def rule_checks(self) -> list[RuleMatch]:
         """Every rule's detect conditions on :meth:`detect_context` (fired first), without retrieval scores.
