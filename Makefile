@@ -8,11 +8,16 @@ export DAGSTER_HOME ?= $(GOBLIN_HOME)/dagster
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install install-test system-deps compiler demo test ui clean
+.PHONY: install install-test system-deps compiler demo test ui clean lock check-lock
+
+# The exact version of every installed package (pip constraints), used by every install step;
+# `make lock` refreshes it, `make test` checks .venv against it (goblin_assets/lockcheck.py).
+LOCK := requirements.lock
+TORCH := torch==2.13.0
+LOCK_VENV := $(GOBLIN_HOME)/lock-venv
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
 
 # A C compiler builds the fused sketch kernels (goblin_assets/opscope/_sketch.c) at install;
 # without one the install still succeeds and the sketches run on torch ops (slower).
@@ -21,19 +26,41 @@ compiler:
 	  $(SUDO) apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq gcc libc6-dev >/dev/null; }
 
+# The install steps into venv $(1), pip options $(2): `-c $(LOCK)`, or nothing for `make lock`.
 # torch first, pinned to the CPU wheel: a plain `torch` requirement would pull a
-# multi-GB CUDA build on a CPU machine.  An existing torch in range is kept.
-$(VENV)/.installed: $(BIN)/python pyproject.toml setup.py goblin_assets/opscope/_sketch.c | compiler
-	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install --quiet "torch==2.13.0"
-	$(BIN)/pip install --quiet -e .
-	touch $@
-
+# multi-GB CUDA build on a CPU machine.  An existing torch of the locked release is kept.
+define install-steps
+	$(1)/bin/pip install --quiet $(2) --upgrade pip
+	$(1)/bin/python -c "import torch" 2>/dev/null || $(1)/bin/pip install --quiet $(2) "$(TORCH)"
+	$(1)/bin/pip install --quiet $(2) -e .
+endef
 # Holistic Trace Analysis checks that our GPU traces keep the profiler's schema
 # (tests/test_gpu_trace.py); 0.5.0 is the last release under this name.
-$(VENV)/.installed-test: $(VENV)/.installed
-	$(BIN)/pip install --quiet -e ".[test]"
-	$(BIN)/pip install --quiet --no-deps "HolisticTraceAnalysis==0.5.0"
+define install-test-steps
+	$(1)/bin/pip install --quiet $(2) -e ".[test]"
+	$(1)/bin/pip install --quiet $(2) --no-deps "HolisticTraceAnalysis==0.5.0"
+endef
+
+$(VENV)/.installed: $(BIN)/python pyproject.toml setup.py goblin_assets/opscope/_sketch.c $(LOCK) | compiler
+	$(call install-steps,$(VENV),-c $(LOCK))
 	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
+	$(call install-test-steps,$(VENV),-c $(LOCK))
+	touch $@
+
+# Refresh the lock deliberately: a throwaway venv, the same steps without constraints.
+lock: | compiler
+	rm -rf $(LOCK_VENV)
+	$(PY) -m venv $(LOCK_VENV)
+	$(call install-steps,$(LOCK_VENV),)
+	$(call install-test-steps,$(LOCK_VENV),)
+	$(LOCK_VENV)/bin/python -m goblin_assets.lockcheck --write $(LOCK)
+	rm -rf $(LOCK_VENV)
+
+# Fails, naming each package, when .venv and the lock disagree.
+check-lock: install-test
+	$(BIN)/python -m goblin_assets.lockcheck --lock $(LOCK)
 
 # The browser test drives Debian's Chromium (Playwright never downloads a browser here).
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
@@ -55,7 +82,7 @@ demo: install $(DAGSTER_HOME)/dagster.yaml
 	GOBLIN_RUNNER_PROFILED_STEPS=$${GOBLIN_RUNNER_PROFILED_STEPS:-5} \
 	$(BIN)/python -m goblin_assets.demo $(DEMO_ARGS)
 
-test: install-test system-deps
+test: check-lock system-deps
 	$(BIN)/python -m pytest -q
 
 ui: install $(DAGSTER_HOME)/dagster.yaml

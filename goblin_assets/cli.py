@@ -40,6 +40,7 @@ def _fmt(v, unit: str = "", scale: float = 1.0, digits: int = 2) -> str:
 
 
 def cmd_audit(args) -> int:
+    from goblin_assets.audit.report import speedup_text
     from goblin_assets.warehouse.db import write
 
     s = open_session(args).run_all()
@@ -71,9 +72,9 @@ def cmd_audit(args) -> int:
         for bc in r.buckets:
             t.add_row(f"  {bc.bucket} ({bc.before_status})", f"{bc.before_share:.0%}", f"{bc.after_share:.0%}")
         out.print(t)
-        out.print(f"measured speedup [bold]{r.measured_speedup:.2f}x[/bold] (predicted {r.predicted_low:.2f}x–"
+        out.print(f"measured speedup [bold]{speedup_text(r)}[/bold] (predicted {r.predicted_low:.2f}x–"
                   f"{r.predicted_high:.2f}x, confidence {r.confidence:.2f}); rules: "
-                  f"{', '.join(a.rule_id for a in r.applied) or 'none'}")
+                  f"{', '.join(a.rule_id for a in r.applied) or 'none'}", highlight=False)
     out.print(f"report: {s.report_path}" + (f" (HTML: {html_path})" if html_path else ""))
     return 0
 

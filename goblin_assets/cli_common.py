@@ -22,9 +22,18 @@ def add_settings_options(p: argparse.ArgumentParser, bench: bool = True) -> None
         p.add_argument("--bench-steps", dest="bench_steps", type=int, default=None,
                        help=f"timed steps per benchmark repeat (default {d['bench_steps'].default})")
         p.add_argument("--repeats", dest="bench_repeats", type=int, default=None,
-                       help=f"alternating benchmark repeats per arm (default {d['bench_repeats'].default})")
+                       help=f"alternating benchmark repeats per arm, at least (default {d['bench_repeats'].default})")
+        p.add_argument("--bench-budget", dest="bench_budget_s", type=float, default=None, metavar="SECONDS",
+                       help="more alternating pairs are added until the speedup's interval decides or this "
+                            f"wall-clock budget is spent (default {d['bench_budget_s'].default:g} s)")
     p.add_argument("--timeout", dest="timeout_s", type=float, default=None,
                    help=f"wall-clock limit per child run, seconds (default {d['timeout_s'].default:g})")
+    if bench:
+        p.add_argument("--kb", default=None, metavar="RULES.yaml",
+                       help="a knowledge base of your own (default: the packaged rules)")
+    p.add_argument("--python", dest="python", default=None, metavar="PATH",
+                   help="the interpreter your script runs in (your environment); default: the workload's "
+                        "python:, else goblin's own")
 
 
 def settings_from_args(args):
@@ -46,19 +55,35 @@ def cached_embeddings(kb):
         return None
 
 
+def audit_history():
+    """The warehouse's measured ``audits`` rows (:data:`~goblin_assets.audit.calibration.HISTORY_SQL`), for
+    the rules' measured/predicted record; None when the warehouse cannot be read now (the prediction is
+    then the model's alone)."""
+    from goblin_assets.audit.calibration import HISTORY_SQL
+    from goblin_assets.errors import WarehouseError
+    from goblin_assets.warehouse.db import query
+
+    try:
+        return query(HISTORY_SQL)
+    except WarehouseError:  # e.g. another process holds the write lock
+        return None
+
+
 def open_session(args, with_kb: bool = True, **kw):
     """The audit session of ``args.path`` with the command's settings and progress on stderr.
 
-    ``with_kb``: load the rules and the warehouse's cached rule embeddings up front (an audit needs both).
+    ``with_kb``: load the rules, the warehouse's cached rule embeddings and its audit history (the rules'
+    measured record) up front (an audit needs all three).
     """
     from goblin_assets.audit.kb import load_kb
     from goblin_assets.audit.session import AuditSession
     from goblin_assets.runners.workload import load_workload
 
     wl = load_workload(args.path)
-    kb = load_kb() if with_kb else None
+    kb = load_kb(getattr(args, "kb", None)) if with_kb else None
     return AuditSession.open(wl, settings=settings_from_args(args), kb=kb,
                              cached_embeddings=cached_embeddings(kb) if kb else None,
+                             history=audit_history() if kb else None,
                              log=lambda s: console.print(f"[dim]{s}[/dim]", highlight=False), **kw)
 
 

@@ -121,7 +121,7 @@ WASTE_BUCKETS: tuple[str, ...] = (
 #: cross-step stationarity).
 PATTERN_FINDINGS: tuple[str, ...] = (
     "sparse_gemm", "int_quant", "quantize_lut", "delta_compute", "positional", "dense_not_observable",
-    "stationary", "drifting",
+    "stationary", "drifting", "nonfinite",
 )
 
 BucketStatus = Literal["measured", "estimated", "not_observable"]
@@ -168,8 +168,17 @@ class RunMetrics(BaseModel):
     ``headroom_batch`` is the per-device batch size (samples per micro-batch)
     whose modelled memory peak fills the device: the measured batch plus
     ``memory_headroom_gb`` over the activation memory per sample (estimated,
-    linear in the batch).
+    linear in the batch), bounded by the dataset when the harness knows its
+    size, and null ("memory is not the limit", see ``not_observable``) when
+    it would extrapolate too far (audit/profile.py).
+    ``prefetch_warmup_steps``: optimizer steps the harness added to the
+    warm-up to drain the DataLoader's prefetch queue (None: not reported).
     ``not_observable`` maps a null field's name to the reason it is null.
+    ``nonfinite_step``: the first optimizer step (1-based, warm-up steps
+    counted) after which a parameter held NaN or inf, and
+    ``nonfinite_params`` those parameters as the harness describes them
+    (optimizers hold tensors, not names: place, shape, dtype; empty: none
+    was non-finite at the end; audit/evidence.py reads them).
     """
 
     ok: bool = True
@@ -194,6 +203,9 @@ class RunMetrics(BaseModel):
     waste_budget: dict[str, WasteBucket] = Field(default_factory=dict)
     memory_headroom_gb: float | None = None
     headroom_batch: int | None = None
+    nonfinite_step: int | None = None
+    nonfinite_params: list[str] = Field(default_factory=list)
+    prefetch_warmup_steps: int | None = None
     warnings: list[str] = Field(default_factory=list)
     not_observable: dict[str, str] = Field(default_factory=dict)
     provenance: RunProvenance = Field(default_factory=lambda: RunProvenance(kind="measured"))
@@ -232,8 +244,14 @@ class RunMetrics(BaseModel):
 class BenchmarkResult(BaseModel):
     """Repeated, alternating runs of one configuration (no profiler on timed steps).
 
-    ``throughputs`` holds one value per repeat (samples/s or tokens/s);
-    ``median``/``spread`` summarise them (spread = max - min).
+    ``throughputs`` holds one value per repeat (samples/s or tokens/s), in
+    the order measured; ``median``/``spread`` summarise them (spread = max -
+    min).  ``pair_id`` names the benchmark call that measured them: arms
+    with the same ``pair_id`` ran in alternation, so repeat ``i`` of each
+    forms pair ``i`` (None: measured alone).  ``stop_reason`` says why no
+    further repeat was added (audit/benchmark.py, adaptive repeats),
+    ``looks`` how many times that call checked the speedup's interval, and
+    ``elapsed_s`` the wall-clock seconds it spent measuring.
     """
 
     label: Literal["baseline", "patched"]
@@ -243,6 +261,10 @@ class BenchmarkResult(BaseModel):
     spread: float
     cache_key: str
     cache_hit: bool = False
+    pair_id: str | None = None
+    stop_reason: str = ""
+    looks: int = 1
+    elapsed_s: float | None = None
 
 
 # --------------------------------------------------------------------------- KB / patch
@@ -256,18 +278,41 @@ class Citation(BaseModel):
     url: str
 
 
+class KeywordEdit(BaseModel):
+    """A keyword argument a fix also sets in a library call of the user's script, under the name the
+    installed library accepts.
+
+    ``call`` names the calls to edit (``<args>``: ``TrainingArguments`` and
+    its subclasses such as TRL's ``SFTConfig``; otherwise a regex over the
+    dotted callee); ``signature`` the dotted callable whose signature, read in
+    the user's interpreter, decides the name; ``names`` the keyword's names,
+    preferred first (a renamed argument: ``[use_cpu, no_cuda]``); ``value``
+    a literal.  A script without such a call needs nothing; a library that
+    accepts none of the names (or cannot be inspected) makes the rule
+    inapplicable, with that reason: never written blind.
+    """
+
+    call: str
+    signature: str
+    names: list[str] = Field(min_length=1)
+    value: Any
+
+
 class Fix(BaseModel):
     """A rule's transform.
 
     ``config`` assigns ConfigDict fields; values are literals or small
     arithmetic expressions written ``"=max(1, cores - dataloader_workers)"``
     over the names ``cores`` and the ConfigDict fields.  ``env`` sets
-    environment variables, ``unset_env`` removes them.
+    environment variables, ``unset_env`` removes them.  ``keywords`` are
+    companion keyword arguments the changed values need in the user's own
+    library calls (:class:`KeywordEdit`).
     """
 
     config: dict[str, Any] = Field(default_factory=dict)
     env: dict[str, str] = Field(default_factory=dict)
     unset_env: list[str] = Field(default_factory=list)
+    keywords: list[KeywordEdit] = Field(default_factory=list)
 
 
 class Rule(BaseModel):

@@ -27,6 +27,8 @@ import json
 import os
 import platform
 import re
+import subprocess
+import sys
 from collections.abc import Iterator, Mapping
 from importlib import metadata
 from pathlib import Path
@@ -65,7 +67,8 @@ class HostFacts(BaseModel):
     the NUMA node count; ``amx_bf16`` / ``avx512_bf16`` the CPU flags (None:
     unknown); ``devices`` the accelerator names (``torch.cuda`` device names;
     empty: none); ``packages`` installed versions by distribution name (None:
-    not installed); ``env`` the job's environment variables (None: this
+    not installed) in the job's interpreter ``python`` (None: this process's
+    own); ``env`` the job's environment variables (None: this
     process's environment, read when asked: :meth:`job_env`).  ``source`` says
     whether the facts were ``detected`` here, ``recorded`` with a replay, or
     ``set`` by ``GOBLIN_HOST_FACTS``/a test.
@@ -81,6 +84,7 @@ class HostFacts(BaseModel):
     avx512_bf16: bool | None = None
     devices: list[str] = Field(default_factory=list)
     packages: dict[str, str | None] = Field(default_factory=dict)
+    python: str | None = None
     env: dict[str, str] | None = None
 
     @property
@@ -104,10 +108,11 @@ class HostFacts(BaseModel):
     def package(self, name: str) -> str | None:
         """Installed version of distribution ``name`` (None when absent).
 
-        A recorded or set host answers from ``packages`` only; a detected one
-        looks names it was not asked for up in this Python environment.
+        A recorded or set host, or one whose job runs in another interpreter,
+        answers from ``packages`` only; a detected one looks names it was not
+        asked for up in this Python environment.
         """
-        if name in self.packages or self.source != "detected":
+        if name in self.packages or self.source != "detected" or self.python not in (None, sys.executable):
             return self.packages.get(name)
         version = _version(name)
         self.packages[name] = version
@@ -177,6 +182,87 @@ def detect_host() -> HostFacts:
         amx_bf16=None if flags is None else "amx_bf16" in flags,
         avx512_bf16=None if flags is None else "avx512_bf16" in flags,
         devices=_devices(), packages={p: _version(p) for p in KNOWN_PACKAGES})
+
+
+class InterpreterError(HostError):
+    """The job's interpreter cannot be run or does not answer (names it and the reason)."""
+
+
+#: Run in the job's interpreter: the versions of the distributions named in argv, as JSON (stdlib only).
+_PROBE = ("import json, sys\nfrom importlib import metadata\nout = {}\nfor n in sys.argv[1:]:\n"
+          "    v = None\n    for d in (n, n.replace('_', '-')):\n        try:\n            v = metadata.version(d)\n"
+          "            break\n        except metadata.PackageNotFoundError:\n            pass\n    out[n] = v\n"
+          "print(json.dumps({'python': sys.executable, 'version': sys.version.split()[0], 'packages': out}))")
+
+
+def interpreter_packages(python: str, names: tuple[str, ...] = KNOWN_PACKAGES) -> dict[str, str | None]:
+    """Versions of ``names`` installed in the interpreter ``python`` (None when absent there).
+
+    Runs ``python -c`` with the standard library only (``importlib.metadata``),
+    so the interpreter needs nothing of Goblin.
+
+    Raises
+    ------
+    InterpreterError
+        ``python`` cannot be started, fails, or answers something else than the JSON asked for.
+    """
+    try:
+        out = subprocess.run([python, "-c", _PROBE, *names], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise InterpreterError(f"{python}: cannot run the interpreter ({exc})") from None
+    if out.returncode != 0:
+        last = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        raise InterpreterError(f"{python}: exited with code {out.returncode}: {last}")
+    try:
+        return dict(json.loads(out.stdout.strip().splitlines()[-1])["packages"])
+    except (json.JSONDecodeError, IndexError, KeyError, TypeError) as exc:
+        raise InterpreterError(f"{python}: unexpected answer to the package probe ({exc})") from None
+
+
+#: Run in the job's interpreter: the keyword names of the dotted callable argv[1], as JSON (stdlib + the library).
+_SIGNATURE = ("import importlib, inspect, json, sys\nmod, _, attr = sys.argv[1].rpartition('.')\n"
+              "print(json.dumps(list(inspect.signature(getattr(importlib.import_module(mod), attr)).parameters)))")
+_signature_memo: dict[tuple[str | None, str], list[str] | None] = {}
+
+
+def keyword_names(dotted: str, python: str | None = None) -> list[str] | None:
+    """The parameter names of the callable ``dotted`` (``transformers.TrainingArguments``) where the job runs.
+
+    In the interpreter ``python`` (a child process, so the user's installed
+    version decides), or in this process when ``python`` is None or ours.
+    None when the module cannot be imported or the callable has no signature
+    there.  Memoised per (interpreter, callable).
+    """
+    key = (None if python in (None, sys.executable) else python, dotted)
+    if key not in _signature_memo:
+        if key[0] is None:
+            import importlib
+            import inspect
+
+            mod, _, attr = dotted.rpartition(".")
+            try:
+                _signature_memo[key] = list(inspect.signature(getattr(importlib.import_module(mod), attr)).parameters)
+            except (ImportError, AttributeError, TypeError, ValueError):
+                _signature_memo[key] = None
+        else:
+            try:
+                out = subprocess.run([python, "-c", _SIGNATURE, dotted], capture_output=True, text=True, timeout=120)
+                _signature_memo[key] = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else None
+            except (OSError, subprocess.TimeoutExpired, json.JSONDecodeError, IndexError):
+                _signature_memo[key] = None
+    return _signature_memo[key]
+
+
+def for_interpreter(host: HostFacts, python: str | None) -> HostFacts:
+    """``host`` with the package versions of the job's interpreter ``python`` (``host`` itself when it is ours).
+
+    Raises InterpreterError (the interpreter does not run).
+    """
+    if not python or python == sys.executable:
+        return host
+    return host.model_copy(update={"python": python,
+                                   "packages": interpreter_packages(python, tuple(dict.fromkeys(
+                                       (*KNOWN_PACKAGES, *host.packages))))})
 
 
 def _validated(data: dict[str, Any], where: str) -> HostFacts:

@@ -9,8 +9,8 @@ Variables (unset ones keep the defaults below): ``GOBLIN_RUNNER_KIND``
 (``local``, ``rocprof``, ``replay``), ``GOBLIN_RUNNER_DEVICE`` (``auto``,
 ``cpu``, ``cuda``), ``GOBLIN_RUNNER_WARMUP_STEPS``,
 ``GOBLIN_RUNNER_PROFILED_STEPS``, ``GOBLIN_RUNNER_BENCH_STEPS``,
-``GOBLIN_RUNNER_BENCH_REPEATS``, ``GOBLIN_RUNNER_SKETCH_STEPS``,
-``GOBLIN_RUNNER_TIMEOUT_S``, ``GOBLIN_RUNNER_MEM_CAP_GB``.
+``GOBLIN_RUNNER_BENCH_REPEATS``, ``GOBLIN_RUNNER_BENCH_BUDGET_S``, ``GOBLIN_RUNNER_SKETCH_STEPS``,
+``GOBLIN_RUNNER_TIMEOUT_S``, ``GOBLIN_RUNNER_MEM_CAP_GB``, ``GOBLIN_RUNNER_PYTHON``.
 """
 from __future__ import annotations
 
@@ -41,10 +41,14 @@ class AuditSettings(BaseModel):
     ``cpu`` or ``cuda`` (ROCm builds use the cuda API).  Steps are optimizer
     steps: ``warmup_steps`` unmeasured before each run, ``profiled_steps``
     under torch.profiler, ``bench_steps`` timed per benchmark repeat,
-    ``bench_repeats`` alternating repeats per arm, ``sketch_steps`` recorded
-    by the matmul tap.  ``timeout_s``: wall-clock limit per child run
+    ``bench_repeats`` alternating repeats per arm (the minimum: more pairs
+    are added while the speedup's interval is undecided and
+    ``bench_budget_s``, wall-clock seconds of the whole benchmark stage, is
+    not spent; audit/benchmark.py), ``sketch_steps`` recorded by the matmul
+    tap.  ``timeout_s``: wall-clock limit per child run
     (seconds); ``mem_cap_gb``: the child's address-space cap (GB; None for
-    none).
+    none).  ``python``: the interpreter the user's script runs in (the user's
+    own environment); None: the workload's ``python:``, else Goblin's own.
     """
 
     kind: RunnerKind = "local"
@@ -53,9 +57,11 @@ class AuditSettings(BaseModel):
     profiled_steps: int = Field(10, ge=1)
     bench_steps: int = Field(20, ge=1)
     bench_repeats: int = Field(3, ge=1)
+    bench_budget_s: float = Field(120.0, gt=0)
     sketch_steps: int = Field(3, ge=1)
     timeout_s: float = Field(600.0, gt=0)
     mem_cap_gb: float | None = Field(16.0, gt=0)
+    python: str | None = None
 
     @classmethod
     def env_var(cls, field: str) -> str:
@@ -104,6 +110,10 @@ class AuditSettings(BaseModel):
             first = exc.errors()[0]
             raise SettingsError(f"setting {first['loc'][0]}={given.get(first['loc'][0])!r}: {first['msg']}") from None
 
-    def runner_settings(self) -> dict[str, Any]:
-        """The constructor settings every runner takes: ``device``, ``timeout_s``, ``mem_cap_gb``."""
-        return {"device": self.device, "timeout_s": self.timeout_s, "mem_cap_gb": self.mem_cap_gb}
+    def runner_settings(self, python: str | None = None) -> dict[str, Any]:
+        """The constructor settings every runner takes: ``device``, ``timeout_s``, ``mem_cap_gb``, ``python``.
+
+        ``python`` (the workload's interpreter) is used when the settings name none.
+        """
+        return {"device": self.device, "timeout_s": self.timeout_s, "mem_cap_gb": self.mem_cap_gb,
+                "python": self.python or python}

@@ -26,6 +26,9 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 TEST_HOST = {"cores": 2, "online_cpus": 2, "affinity_cpus": 2, "numa_nodes": 1, "amx_bf16": False,
              "avx512_bf16": False, "devices": []}
 os.environ["GOBLIN_HOST_FACTS"] = json.dumps(TEST_HOST)
+#: The benchmark's time budget for adding repeat pairs (seconds): short, so the suite stays lean.
+TEST_BENCH_BUDGET_S = 10.0
+os.environ["GOBLIN_RUNNER_BENCH_BUDGET_S"] = str(TEST_BENCH_BUDGET_S)
 
 
 def dagster_resources(db: Path, **runner_settings) -> dict:
@@ -34,7 +37,7 @@ def dagster_resources(db: Path, **runner_settings) -> dict:
 
     from goblin_assets.defs.resources import LocalRunnerResource, WarehouseResource
 
-    return {"runner": LocalRunnerResource(**runner_settings),
+    return {"runner": LocalRunnerResource(**{"bench_budget_s": TEST_BENCH_BUDGET_S, **runner_settings}),
             "warehouse": WarehouseResource(duckdb=DuckDBResource(database=str(db)))}
 
 

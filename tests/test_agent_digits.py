@@ -23,16 +23,17 @@ from goblin_assets.defs.agent import ConversationConfig, audit_conversation
 from goblin_assets.defs.resources import LocalRunnerResource
 from goblin_assets.settings import AuditSettings
 from goblin_assets.runners.workload import load_workload
-from tests.conftest import WORKLOADS
+from tests.conftest import TEST_BENCH_BUDGET_S, WORKLOADS
 
 pytestmark = pytest.mark.slow
 
-SETTINGS = AuditSettings(profiled_steps=3, bench_steps=8, bench_repeats=1, sketch_steps=2, timeout_s=300)
+SETTINGS = AuditSettings(bench_budget_s=TEST_BENCH_BUDGET_S, profiled_steps=3, bench_steps=8, bench_repeats=1,
+                         sketch_steps=2, timeout_s=300)
 
 #: AuditReport fields that come from a profiled run (measured anew by each audit) or the clock.
 PROFILED = ("buckets", "metrics", "before_step_time_s", "after_step_time_s", "predicted_low", "predicted_high",
             "confidence", "evidence_coverage", "rule_consistency", "consistency_notes", "warnings", "provenance",
-            "created_at", "cache_hits")
+            "created_at", "cache_hits", "profiled_speedup", "reconciliation", "calibration")
 
 
 @pytest.fixture(scope="module")

@@ -392,3 +392,21 @@ def test_agent_states_the_speedup_as_the_report_prints_it(speedup):
     planner = OfflinePlanner()
     planner.results = {"compare_runs": {"ok": True, **summary}}
     assert planner.final_text().startswith(f"Measured speedup {speedup:.2f}x: 780.8 -> 1096.8 samples/s")
+
+
+def test_a_speedup_whose_interval_holds_1_is_no_significant_change():
+    from types import SimpleNamespace
+
+    from goblin_assets.agent.tools import report_summary
+    from goblin_assets.audit.benchmark import SpeedupInterval
+
+    iv = SpeedupInterval(point=1.04, low=0.93, high=1.16, pairs=3, paired=True, method="t", verdict="no significant change")
+    rep = SimpleNamespace(measured_speedup=1.04, measured_interval=iv, predicted_low=1.1, predicted_high=1.5,
+                          confidence=0.7, baseline_throughput=780.8, patched_throughput=812.0, throughput_unit="samples/s",
+                          cache_hits=[], buckets=[], applied=[], workload="w", model="m", device="cpu",
+                          accelerator_version="none (CPU)", torch_version="2.13.0", batch_shape="batch_size=64")
+    s = SimpleNamespace(audit_report=lambda: rep, patch=lambda: SimpleNamespace(applied=[]), overrides=None,
+                        report_path=None)
+    planner = OfflinePlanner()
+    planner.results = {"compare_runs": {"ok": True, **report_summary(s)}}
+    assert planner.final_text().startswith("No significant change: 1.04x (95% interval 0.93x-1.16x)")

@@ -25,20 +25,51 @@ def _goblin(*args, env_home: Path, timeout=900):
                           env=env, timeout=timeout)
 
 
+def _seed_history(db: Path, rule: str, measured: list[float], low: float, high: float) -> None:
+    """Earlier measured audits of ``rule`` in the warehouse's ``audits`` table (the rule's record)."""
+    import pandas as pd
+
+    from goblin_assets.warehouse.db import write
+    from goblin_assets.warehouse.tables import columns
+
+    rows = [{c: None for c in columns("audits")} | {
+        "audit_id": f"earlier-{i}", "workload": "digits_mlp", "created_at": pd.Timestamp("2025-01-01"),
+        "profile_run_id": f"earlier-{i}-profile", "unit": "samples", "measured_speedup": m,
+        "predicted_speedup_low": low, "predicted_speedup_high": high, "confidence": 0.5, "rules": rule, "diff": ""}
+        for i, m in enumerate(measured)]
+    write({"audits": pd.DataFrame(rows, columns=columns("audits"))}, db)
+
+
 def test_goblin_audit_json_on_digits(goblin_home, tmp_path):
-    """digits_mlp, with 20 secrets seeded as comments in the diff's context (tests/test_redact.py)."""
+    """digits_mlp, with 20 secrets seeded as comments in the diff's context (tests/test_redact.py).
+
+    The warehouse already holds three measured audits of the rule that fires: the prediction is scaled by
+    their record and the report says how many audits it came from.
+    """
     wl = seeded_workload(tmp_path / "workloads")
+    _seed_history(goblin_home / "warehouse.duckdb", "data.loader_workers_with_threads", [1.3, 1.35, 1.4], 2.0, 3.0)
     r = _goblin("audit", str(wl), "--steps", "5", "--bench-steps", "15", "--repeats", "2",
                 "--json", env_home=goblin_home)
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout)
     assert_clean("goblin audit logs (stderr)", r.stderr)
-    for key in ("config", "baseline", "patched", "measured_speedup", "rules", "diff", "report_path"):
+    for key in ("config", "baseline", "patched", "measured_speedup", "measured_speedup_interval", "rules", "diff",
+                "report_path"):
         assert key in out
     assert out["config"]["batch_size"] == 64
     assert out["rules"] == ["data.loader_workers_with_threads"]
     # the loader is the bottleneck: more workers + one main thread must pay off clearly
     assert out["measured_speedup"] > 1.2, out["benchmark"]
+    # every speedup has an interval (issue 15): paired repeats, added until it decides or the budget is spent
+    iv = out["measured_speedup_interval"]
+    assert iv["verdict"] == "faster" and 1.0 < iv["low"] <= out["measured_speedup"] <= iv["high"], iv
+    assert iv["level"] == 0.95 and iv["paired"] and iv["pairs"] >= 2
+    pairs = iv["pairs"]
+    # the prediction learned from the three earlier audits (measured about half of the predicted 2.5x mid)
+    cal = out["calibration"]
+    assert cal["audits"] == 3 and [r["rule_id"] for r in cal["records"]] == ["data.loader_workers_with_threads"]
+    assert out["predicted_speedup"][1] < out["predicted_speedup_model"][1] == pytest.approx(cal["model_high"])
+    assert len(out["benchmark"]["baseline"]["throughputs"]) == pairs and out["benchmark"]["patched"]["stop_reason"]
     before = out["baseline"]["waste_budget"]
     after = out["patched"]["waste_budget"]
     share = lambda wb, k: wb[k]["seconds"] / sum(b["seconds"] for b in wb.values())  # noqa: E731
@@ -47,6 +78,8 @@ def test_goblin_audit_json_on_digits(goblin_home, tmp_path):
     report = Path(out["report_path"])
     text = report.read_text()
     assert "Measured speedup" in text and "```diff" in text and "tuning_guide" in text
+    assert "95% interval" in text and "## Profiled vs benchmarked" in text
+    assert "scaled by the record of 3 measured audits" in text
     assert (report.parent / "report.png").stat().st_size > 5000
     # warehouse rows for this audit, in every table
     aid = out["audit_id"]
@@ -54,11 +87,15 @@ def test_goblin_audit_json_on_digits(goblin_home, tmp_path):
     counts = {t: query(f"SELECT count(*) n FROM {t}", db).n[0] for t in
               ("runs", "kernels", "waste_budget", "sketches", "patterns", "kb_matches", "benchmarks", "audits")}
     assert all(n > 0 for n in counts.values()), counts
-    assert query(f"SELECT count(*) n FROM benchmarks WHERE audit_id='{aid}'", db).n[0] == 4
+    assert query(f"SELECT count(*) n FROM benchmarks WHERE audit_id='{aid}'", db).n[0] == 2 * pairs
+    row = query(f"SELECT speedup_low, speedup_high, speedup_pairs, speedup_verdict, calibration_audits FROM audits "
+                f"WHERE audit_id='{aid}'", db).iloc[0]
+    assert (row.speedup_low, row.speedup_high, row.speedup_pairs, row.speedup_verdict, row.calibration_audits) == \
+        (pytest.approx(iv["low"]), pytest.approx(iv["high"]), pairs, "faster", 3)
     # goblin sql reads the same file
     r = _goblin("sql", "SELECT label, count(*) AS n FROM benchmarks GROUP BY label ORDER BY label", "--json",
                 env_home=goblin_home)
-    assert json.loads(r.stdout) == [{"label": "baseline", "n": 2}, {"label": "patched", "n": 2}]
+    assert json.loads(r.stdout) == [{"label": "baseline", "n": pairs}, {"label": "patched", "n": pairs}]
     # redaction: nothing of the seeded secrets in the JSON, the logs, the report or any warehouse table
     assert_clean("goblin audit --json", json.dumps(out))
     assert_clean("report.md", text)
@@ -87,6 +124,10 @@ def test_crashing_script_names_the_file_and_writes_nothing(goblin_home, tmp_path
     r = _goblin("audit", str(wl), "--steps", "3", env_home=goblin_home)
     assert r.returncode == 2
     assert "train.py" in r.stderr and "boom in the loop" in r.stderr
+    # the audit fails only because the original failed, and its report says so
+    report = Path(r.stderr.replace("\n", "").split("report: ")[-1].split(".md")[0] + ".md")
+    text = report.read_text()
+    assert "the original program failed" in text and "boom in the loop" in text and "`profile_run`" in text
     db = goblin_home / "warehouse.duckdb"
     if db.exists():
         for t in ("runs", "sketches", "benchmarks", "audits"):

@@ -1,7 +1,9 @@
 """Benchmark cache: sha256 of (config JSON, script hash, image tag, runner code hash)."""
 from __future__ import annotations
 
+import math
 import shutil
+from pathlib import Path
 
 from goblin_assets.audit import benchmark as B
 from goblin_assets.runners.local import LocalRunner
@@ -25,6 +27,8 @@ def test_key_changes_with_each_of_the_four(tmp_path, monkeypatch):
     script.write_text("print('a')\n")
     monkeypatch.setattr(B, "runner_code_hash", lambda: "0" * 64)
     assert B.cache_key(CFG, script, steps=10) != base                             # runner code
+    assert B.cache_key(CFG, script, steps=10, python="/opt/envs/user/bin/python") != \
+        B.cache_key(CFG, script, steps=10)                                        # the user's interpreter
 
 
 class CountingRunner(LocalRunner):
@@ -50,3 +54,115 @@ def test_identical_request_hits_and_changed_script_misses(goblin_home, tmp_path)
     changed = B.benchmark(wl, runner, {"baseline": {"config": CFG, "script": copy}}, steps=3, repeats=1,
                           log=lambda s: None)["baseline"]
     assert not changed.cache_hit and CountingRunner.calls == 2
+
+
+# --------------------------------------------------------------------------- adaptive repeats and the interval
+
+class NoiseRunner:
+    """A runner that runs nothing: each benchmark repeat is 5 steps of 64 samples at ``speed[label]`` samples/s
+    times log-normal noise (seeded), so tests see real BenchmarkResults without a child process."""
+
+    kind = "fake"
+
+    def __init__(self, speed: dict[str, float], sd: float = 0.03, seed: int = 0, sleep_s: float = 0.0):
+        import random
+
+        self.speed, self.sd, self.rng, self.sleep_s, self.calls = speed, sd, random.Random(seed), sleep_s, 0
+
+    def run(self, workload, mode, steps, warmup=2, script=None, env=None, unset_env=None, tap=None, label=""):
+        import math
+        import time
+
+        from goblin_assets.runners.result import HarnessResult, RawRun, StepRecord
+
+        self.calls += 1
+        time.sleep(self.sleep_s)
+        arm = "patched" if label.startswith("bench-patched") else "baseline"
+        step = 64 / (self.speed[arm] * math.exp(self.rng.gauss(0.0, self.sd)))
+        per = [StepRecord(samples=64, tokens=0, nonpad_tokens=0, data_wait_s=0.0, batches=1, step_time_s=step,
+                          t_start_s=i * step, t_end_s=(i + 1) * step) for i in range(steps)]
+        res = HarnessResult(reached_budget=True, steps_seen=steps, per_step=per, device="cpu", torch_version="x",
+                            num_threads=1, max_rss_gb=0.1)
+        return RawRun(ok=True, run_dir=Path("/nonexistent"), mode=mode, result=res)
+
+
+def _arms(tmp_path, noop: bool = False):
+    script = tmp_path / "train.py"
+    script.write_text("print('a')\n")
+    patched = {**CFG, "dataloader_workers": 0 if noop else 2}
+    return {"baseline": {"config": CFG, "script": script}, "patched": {"config": patched, "script": script}}
+
+
+def test_a_clear_speedup_stops_at_the_minimum_with_an_interval(goblin_home, tmp_path):
+    wl = load_workload(WORKLOADS / "digits_mlp")
+    runner = NoiseRunner({"baseline": 1000.0, "patched": 1500.0})
+    res = B.benchmark(wl, runner, _arms(tmp_path), steps=5, repeats=3, budget_s=600, log=lambda s: None)
+    b, p = res["baseline"], res["patched"]
+    assert runner.calls == 6 and len(b.throughputs) == len(p.throughputs) == 3
+    assert b.pair_id == p.pair_id and b.looks == 1 and "excludes 1.0" in b.stop_reason
+    iv = B.bench_interval(res)
+    assert iv.verdict == "faster" and 1.0 < iv.low < 1.5 < iv.high and iv.pairs == 3 and iv.paired
+
+
+def test_a_noop_patch_adds_pairs_until_the_budget_and_reads_no_significant_change(goblin_home, tmp_path):
+    wl = load_workload(WORKLOADS / "digits_mlp")
+    runner = NoiseRunner({"baseline": 1000.0, "patched": 1000.0}, sleep_s=0.05)
+    res = B.benchmark(wl, runner, _arms(tmp_path, noop=True), steps=5, repeats=3, budget_s=1.0,
+                      log=lambda s: None)
+    b = res["baseline"]
+    assert 3 < len(b.throughputs) < B.MAX_PAIRS and "time budget of 1 s is spent" in b.stop_reason
+    assert b.looks == len(b.throughputs) - 2          # one look per pair from the third on
+    iv = B.bench_interval(res)
+    assert iv.verdict == "no significant change" and iv.low < 1.0 < iv.high and iv.looks == b.looks
+    assert "no significant change" in iv.headline() and "faster" not in iv.headline()
+    # the two arms of a no-op patch share a cache key but are two entries: the replay keeps both measurements
+    again = B.benchmark(wl, runner, _arms(tmp_path, noop=True), steps=5, repeats=3, budget_s=1.0,
+                        log=lambda s: None)
+    assert again["patched"].cache_hit and again["patched"].throughputs == res["patched"].throughputs
+    assert again["baseline"].cache_key == again["patched"].cache_key
+    assert again["baseline"].throughputs != again["patched"].throughputs
+
+
+def test_adding_pairs_is_bounded_without_a_budget(goblin_home, tmp_path):
+    wl = load_workload(WORKLOADS / "digits_mlp")
+    runner = NoiseRunner({"baseline": 1000.0, "patched": 1000.0}, sd=0.2)
+    res = B.benchmark(wl, runner, _arms(tmp_path, noop=True), steps=5, repeats=1, budget_s=None, log=lambda s: None)
+    assert len(res["baseline"].throughputs) == B.MAX_PAIRS and "at most" in res["baseline"].stop_reason
+
+
+def test_one_repeat_still_gets_an_interval_past_the_budget(goblin_home, tmp_path):
+    wl = load_workload(WORKLOADS / "digits_mlp")
+    runner = NoiseRunner({"baseline": 1000.0, "patched": 2000.0}, sleep_s=0.02)
+    res = B.benchmark(wl, runner, _arms(tmp_path), steps=5, repeats=1, budget_s=0.001, log=lambda s: None)
+    assert len(res["baseline"].throughputs) == 2                       # a second pair: one pair has no interval
+    assert B.bench_interval(res).low is not None
+
+
+def test_cache_replays_only_arms_measured_together(goblin_home, tmp_path):
+    wl = load_workload(WORKLOADS / "digits_mlp")
+    runner = NoiseRunner({"baseline": 1000.0, "patched": 1500.0})
+    arms = _arms(tmp_path)
+    first = B.benchmark(wl, runner, arms, steps=5, repeats=3, budget_s=600, log=lambda s: None)
+    assert runner.calls == 6
+    again = B.benchmark(wl, runner, arms, steps=5, repeats=2, budget_s=600, log=lambda s: None)
+    assert runner.calls == 6 and all(r.cache_hit for r in again.values())  # fewer repeats asked: replayed
+    assert again["baseline"].throughputs == first["baseline"].throughputs
+    more = B.benchmark(wl, runner, arms, steps=5, repeats=4, budget_s=600, log=lambda s: None)
+    assert runner.calls == 14 and not any(r.cache_hit for r in more.values())  # more than cached: measured again
+    # a new patch: the cached baseline is not compared with a patched arm measured at another time
+    other = {**arms, "patched": {**arms["patched"], "config": {**CFG, "dataloader_workers": 3}}}
+    mixed = B.benchmark(wl, runner, other, steps=5, repeats=3, budget_s=600, log=lambda s: None)
+    assert not mixed["baseline"].cache_hit and mixed["baseline"].pair_id == mixed["patched"].pair_id
+
+
+def test_speedup_interval_method_and_errors():
+    import pytest
+
+    iv = B.speedup_interval([100.0, 101.0, 99.0], [150.0, 152.0, 149.0])
+    assert iv.per_look_level == pytest.approx(1 - 0.05 * 6 / math.pi ** 2) and "Student's t" in iv.method
+    later = B.speedup_interval([100.0, 101.0, 99.0], [150.0, 152.0, 149.0], looks=3)
+    assert later.low < iv.low and later.high > iv.high                    # later looks are wider
+    with pytest.raises(ValueError, match="> 0"):
+        B.speedup_interval([100.0, 0.0], [1.0, 2.0])
+    with pytest.raises(ValueError, match="looks"):
+        B.speedup_interval([1.0, 2.0], [1.0, 2.0], looks=0)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import textwrap
 
+from goblin_assets.runners.harness import MAX_PREFETCH_WARMUP
 from goblin_assets.runners.local import LocalRunner
 from goblin_assets.runners.workload import load_workload
 
@@ -29,7 +30,9 @@ def test_trainer_max_steps_is_capped_to_the_budget(tmp_path, monkeypatch):
     script.write_text(textwrap.dedent(SCRIPT))
     raw = LocalRunner(device="cpu", timeout_s=120).run(load_workload(script), "benchmark", steps=2, warmup=1)
     assert raw.ok, raw.failure
-    # warm-up 1 + 2 measured steps; a script's own smaller max_steps is kept
-    assert "max_steps 3 2 3" in raw.stderr_tail
+    # warm-up 1 + 2 measured steps, plus room for the steps that drain a DataLoader's prefetch queue
+    # (harness.MAX_PREFETCH_WARMUP; none are taken here: no DataLoader); a script's own smaller max_steps is kept
+    cap = 1 + 2 + MAX_PREFETCH_WARMUP
+    assert f"max_steps {cap} 2 {cap}" in raw.stderr_tail
     assert len(raw.result.per_step) == 2
     assert all(p.batches == 0 for p in raw.result.per_step)  # no DataLoader in this script

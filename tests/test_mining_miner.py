@@ -186,3 +186,115 @@ def test_sweep_sites_are_split_by_distribution():
     pat = mine_patterns(df)
     assert _finding(pat, "mm_0@relu_sparse", "lhs", RULES)[0] == "sparse_gemm"
     assert _finding(pat, "mm_0@gaussian", "lhs", RULES)[0] != "sparse_gemm"
+
+
+# ----------------------------------------------------------------- non-finite values
+
+def record_half(steps: int = 4, lr: float = 20.0, run_id: str = "half-mine") -> pd.DataFrame:
+    """The fp16 MLP of tests/data/half_workload, trained after ``model.half()``, tapped after one warm-up step.
+
+    Measured (torch 2.13, CPU): finite at the first recorded step, ``linear_1``'s
+    output overflows to inf at the second (its operands still finite), NaN
+    everywhere from the third.
+    """
+    torch.manual_seed(0)
+    x = torch.randn(2048, 32) * 4
+    y = (x[:, :16].sum(1) > x[:, 16:].sum(1)).long()
+    m = torch.nn.Sequential(torch.nn.Linear(32, 128), torch.nn.ReLU(), torch.nn.Linear(128, 128), torch.nn.ReLU(),
+                            torch.nn.Linear(128, 2)).half()
+    opt = torch.optim.SGD(m.parameters(), lr=lr)
+    tap = MatmulTap()
+    for s in range(steps + 1):
+        xb, yb = x[s * 64:(s + 1) * 64].half(), y[s * 64:(s + 1) * 64]
+        opt.zero_grad()
+        if s:
+            tap.__enter__()
+        loss = torch.nn.functional.cross_entropy(m(xb), yb)
+        if s:
+            tap.__exit__(None, None, None)
+        loss.backward()
+        opt.step()
+        if s:
+            tap.flush(s - 1)
+    return pd.DataFrame(tap.rows).assign(run_id=run_id, workload="half", model="mlp-fp16", backend="cpu",
+                                         dist="workload")[columns("sketches")]
+
+
+@pytest.fixture(scope="module")
+def half():
+    return record_half()
+
+
+def _strict(text: str) -> dict:
+    def bad(name):
+        raise ValueError(f"not JSON: {name}")
+    return json.loads(text, parse_constant=bad)
+
+
+def test_the_first_nonfinite_site_and_step_are_named(half):
+    pat = mine_patterns(half)
+    validate("patterns", pat)
+    nf = pat[pat.finding == "nonfinite"]
+    evs = {(r.site, r.role): _strict(r.evidence_json) for r in nf.itertuples()}
+    first = next(ev for ev in evs.values() if ev["rank"] == 0)
+    assert first["run_first"] == {"site": "linear_1", "role": "out", "step": 1}
+    ev = evs[("linear_1", "out")]
+    assert ev["first_step"] == 1 and ev["origin"] == "overflow" and ev["finite_steps_before"] == [0]
+    assert ev["counts"]["nan"] == 0 and ev["counts"]["posinf"] + ev["counts"]["neginf"] > 0
+    assert 0 < ev["absmax_before"] < 65504 and ev["sample_format"] == "fp16"      # CPU ran the matmuls in fp16
+    assert evs[("linear_0", "rhs")]["origin"] == "weight" and evs[("linear_2", "out")]["output_layer"]
+    assert all(e["run_first"] == first["run_first"] for e in evs.values())
+    assert nf.score.between(0, 1).all() and (nf.score > 0).all()
+    # the other findings of that site come from its finite step only; every evidence is strict JSON
+    _, other = _finding(pat, "linear_1", "out", RULES)
+    assert other["steps"] == 1 and other["nonfinite_steps_left_out"] == [1, 2, 3]
+    for text in pat.evidence_json:
+        _strict(text)
+    from goblin_assets.audit.kb import PatternScores, _check_path
+    from goblin_assets.contracts import PATTERN_FINDINGS
+    from goblin_assets.opscope.miner import NONFINITE
+
+    assert NONFINITE in PATTERN_FINDINGS and _check_path("patterns.any.nonfinite") is None
+    assert PatternScores(pat).score("linear_1", "nonfinite") == 1.0
+
+
+def test_nonfinite_sketches_survive_the_warehouse_and_mine_the_same(half, tmp_path):
+    """NaN becomes NULL in DuckDB (the schema says so), inf stays inf; read back, the miner finds the same."""
+    from goblin_assets.warehouse.db import query, write
+
+    db = tmp_path / "w.duckdb"
+    assert write({"sketches": half}, db) == {"sketches": len(half)}
+    back = query("SELECT * FROM sketches", db)
+    assert back.value.isna().sum() == half.value.isna().sum() > 0
+    assert np.isinf(back.value).sum() == np.isinf(half.value).sum() > 0
+    ours, theirs = (p[p.finding == "nonfinite"].set_index(["site", "role"]).sort_index() for p in
+                    (mine_patterns(half), mine_patterns(back)))
+    assert ours.index.equals(theirs.index)
+    for a, b in zip(ours.evidence_json, theirs.evidence_json):
+        a, b = _strict(a), _strict(b)
+        for k in ("first_step", "counts", "origin", "run_first", "steps"):
+            assert a[k] == b[k], k
+
+
+def test_rows_without_the_nonfinite_stat_are_still_judged_from_min_and_max(half):
+    pat = mine_patterns(half[half.stat != "nonfinite"])
+    ev = {(r.site, r.role): _strict(r.evidence_json) for r in pat[pat.finding == "nonfinite"].itertuples()}
+    assert ev[("linear_1", "out")]["counts"] is None and ev[("linear_1", "out")]["first_step"] == 1
+    assert pat[pat.finding == "nonfinite"].score.eq(1.0).all()
+
+
+def test_minus_inf_only_outputs_are_a_mask_not_a_divergence():
+    """An additive attention mask (baddbmm with a -inf bias) writes -inf into a matmul output on purpose."""
+    q, k = torch.randn(2, 8, 16), torch.randn(2, 16, 8)
+    mask = torch.zeros(2, 8, 8)
+    mask[:, :, 6:] = float("-inf")
+    lin = torch.nn.Linear(16, 16)
+    with MatmulTap() as tap:
+        torch.baddbmm(mask, q, k)
+        lin(torch.randn(4, 16))
+    tap.flush(0)
+    df = pd.DataFrame(tap.rows).assign(run_id="m", workload="w", model="m", backend="cpu", dist="d")
+    ev = {(r.site, r.role): _strict(r.evidence_json) for r in mine_patterns(df[columns("sketches")]).itertuples()
+          if r.finding == "nonfinite"}
+    (key, e), = ev.items()
+    assert key[1] == "out" and e["origin"] == "mask" and e["counts"] == {"nan": 0, "posinf": 0, "neginf": 32}

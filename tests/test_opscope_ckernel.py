@@ -76,14 +76,66 @@ def test_strided_views_subsets_and_half_precision(torch_path):
     assert_same(base.to(torch.bfloat16), torch_path=torch_path)
 
 
-def test_non_finite_input_takes_the_torch_path(torch_path):
-    x = torch.randn(64, 32)
+def _nonfinite_cases():
+    """Tensors holding NaN and inf in every layout the kernel reads (name, tensor)."""
+    g = torch.Generator().manual_seed(5)
+    nan, inf = float("nan"), float("inf")
+    one = torch.randn(64, 32, generator=g)
+    one[3, 5] = nan
+    both = torch.randn(64, 32, generator=g)
+    both[3, 5], both[7, 1] = inf, -inf
+    wide = torch.randn(4096, 384, generator=g)                 # row-sampled; NaN in one channel, inf elsewhere
+    wide[100:200, 7], wide[5, 5] = nan, inf
+    half = torch.randn(512, 96, generator=g).half()
+    half[0, 0] = 70000.0                                       # past fp16's range: +inf
+    heads = torch.randn(8, 64, 12, 32, generator=g)
+    heads[1, 2, 3, 4], heads[0, 0, 0, 0] = nan, -inf
+    return [("one_nan", one), ("pos_and_neg_inf", both), ("wide", wide), ("fp16_overflow", half),
+            ("k_transposed", heads.permute(0, 2, 3, 1)), ("per_head", heads.permute(0, 2, 1, 3)),
+            ("all_nan", torch.full((16, 8), nan)), ("vector", torch.tensor([1.0, nan, inf, -2.0]))]
+
+
+@pytest.mark.parametrize("name,x", _nonfinite_cases(), ids=[n for n, _ in _nonfinite_cases()])
+def test_non_finite_input_is_sketched_by_the_kernel_as_by_torch(name, x, torch_path):
+    """NaN and inf are data: the kernel sketches them (no fallback) with the torch path's values, counts exact."""
+    from goblin_assets.opscope.sketches import _sketch_c
+
+    assert _sketch_c(x, STATS, 256) is not None              # the fused kernel, not the torch fallback
+    fused = sketch_vector(x)
+    ref = torch_path(lambda: sketch_vector(x))
+    torch.testing.assert_close(fused, ref, rtol=2e-5, atol=1e-5, equal_nan=True)
+    got = dict(zip(("nan", "posinf", "neginf"), fused[-3:].tolist()))
+    xf = x.float()
+    assert got == {"nan": int(xf.isnan().sum()), "posinf": int((xf == float("inf")).sum()),
+                   "neginf": int((xf == float("-inf")).sum())}
+
+
+def test_non_finite_semantics_are_documented_ones(torch_path):
+    """min/max/chan_outlier NaN with a NaN, hist NaN when max|x| is not finite, nnz counts NaN as non-zero."""
+    x = torch.randn(64, 32, generator=torch.Generator().manual_seed(6))
     x[3, 5] = float("nan")
-    v = sketch_vector(x)
-    assert torch.isnan(v[0]) and torch.isnan(v[1])          # min, max propagate NaN as torch's amin/amax do
-    torch.testing.assert_close(v, torch_path(lambda: sketch_vector(x)), equal_nan=True)
+    for path in (lambda f: f(), torch_path):
+        v = dict((s, path(lambda s=s: sketch_vector(x, (s,)))) for s in ("min", "max", "chan_outlier", "hist", "nnz",
+                                                                          "chan_maxabs", "sample"))
+        assert torch.isnan(v["min"]) and torch.isnan(v["max"]) and torch.isnan(v["chan_outlier"])
+        assert torch.isnan(v["hist"]).all()
+        assert float(v["nnz"]) == int((x != 0).sum())                   # exact: 2048 elements, all sampled
+        assert torch.isnan(v["chan_maxabs"][5]) and torch.isfinite(v["chan_maxabs"][:5]).all()
     x[3, 5] = float("inf")
-    assert sketch_vector(x)[1] == float("inf")
+    assert sketch_vector(x, ("max",)) == float("inf") and torch.isnan(sketch_vector(x, ("hist",))).all()
+    big = torch.full((16, 8), 1e30)                             # finite values whose squares overflow float32
+    v = sketch_vector(big, ("sumsq", "nonfinite"))
+    assert v[0] == float("inf") and v[1:].tolist() == [0.0, 0.0, 0.0]
+    torch.testing.assert_close(v, torch_path(lambda: sketch_vector(big, ("sumsq", "nonfinite"))))
+
+
+def test_a_stale_kernel_build_is_not_used(monkeypatch):
+    """A library built from another interface version (e.g. before `nonfinite`) falls back to the torch path."""
+    monkeypatch.setattr(ckernel, "_state", {})
+    monkeypatch.setattr(ckernel, "ABI", ckernel.ABI + 1)
+    assert ckernel.lib() is None
+    x = torch.randn(32, 16)
+    assert sketch_vector(x).shape == (len(torch.cat([torch.as_tensor(i) for _, i in sketch_layout(x.shape)])),)
 
 
 def test_row_blocks_on_threads_equal_one_pass(torch_path):

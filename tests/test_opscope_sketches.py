@@ -52,6 +52,25 @@ def test_every_stat_on_a_known_2x2_tensor():
     assert {b: h for b, h in hist.items() if h} == {5: 0.25, 16: 0.5, 31: 0.25}
     np.testing.assert_allclose(s["sample"][1], flat)
     np.testing.assert_array_equal(s["sample"][0], [0, 1, 2, 3])
+    np.testing.assert_array_equal(s["nonfinite"][0], [0, 1, 2])          # NaN, +inf, -inf
+    np.testing.assert_array_equal(s["nonfinite"][1], [0.0, 0.0, 0.0])
+
+
+def test_nonfinite_counts_on_the_torch_path_including_large_chunked_tensors(monkeypatch):
+    """Exact NaN/+inf/-inf counts with the kernel off, in the fixed set too; a finite tensor reads zeros."""
+    from goblin_assets.opscope import ckernel
+    from goblin_assets.opscope.sketches import FIXED_STATS
+
+    monkeypatch.setenv(ckernel.ENV, "torch")
+    assert "nonfinite" in FIXED_STATS and "nonfinite" not in SCALAR_STATS
+    x = torch.randn(4100, 1040, generator=torch.Generator().manual_seed(7))        # 17 MiB: chunked reductions
+    assert stats_of(x, 256)["nonfinite"][1].tolist() == [0.0, 0.0, 0.0]
+    x[10, :3] = float("nan")
+    x[4000, 7], x[5, 5], x[6, 6] = float("inf"), float("-inf"), float("-inf")
+    for stats in (STATS, ("nonfinite",), FIXED_STATS):          # with and without the mean's chunk sums
+        assert stats_of(x, 256, stats)["nonfinite"][1].tolist() == [3.0, 1.0, 2.0]
+    s = stats_of(x, 256)
+    assert np.isnan(s["min"][1][0]) and np.isnan(s["hist"][1]).all() and np.isnan(s["chan_maxabs"][1][:3]).all()
 
 
 def test_vector_stats_follow_the_row_channel_view_of_a_3d_tensor():

@@ -130,7 +130,8 @@ def test_replay_partition_audit(replayed, part, label):
     checks = {e.check_name: e.passed for e in res.get_asset_check_evaluations()}
     assert checks == {"configs_schema": True, "kernels_schema": True, "waste_budget_schema": True,
                       "sketches_schema": True,
-                      "patterns_schema": True, "benchmarks_schema": True, "waste_budget_sums_to_step_time": True}
+                      "patterns_schema": True, "benchmarks_schema": True, "waste_budget_sums_to_step_time": True,
+                      "scenario_recording": True, "scenario_expected_findings": True}
     assert _meta(res, "workload_source")["runs_as"].value == "replay"
     assert _meta(res, "profile_run")["provenance"].value == label
     sk = _meta(res, "tensor_sketches")

@@ -100,9 +100,13 @@ def test_headroom_batch_is_estimated_from_allocator_events(digits_profile):
     later = [v for k, v in sorted(summary.alloc_step_bytes.items())][1:]  # the first step's count starts at 0
     assert later and all(peak > start > 0 for start, peak in later)
     assert m.memory_headroom_gb and m.memory_headroom_gb > 0
-    assert m.headroom_batch is not None and m.headroom_batch > 64
-    assert "headroom_batch" not in m.not_observable
-    assert any("headroom_batch" in w and "estimated" in w for w in m.warnings)
+    # the MLP's 64-sample batch leaves GBs of host RAM for millions of samples: never printed (issue 15)
+    if m.headroom_batch is None:
+        why = m.not_observable["headroom_batch"]
+        assert why.startswith("memory is not the limit") and "micro-batch of 64" in why, why
+    else:  # bounded by the dataset's size when the harness reports it
+        assert 64 < m.headroom_batch <= 64 * 1024
+        assert any("headroom_batch" in w and ("estimated" in w or "dataset" in w) for w in m.warnings)
 
 
 def test_chrome_trace_is_written_and_readable(digits_profile):

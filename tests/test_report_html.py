@@ -1,7 +1,12 @@
-"""compare_runs is pure and the HTML report is self-contained: charts, cited rules, diff, footer tuple."""
+"""compare_runs is pure and the HTML report is self-contained: charts, cited rules, diff, footer tuple.
+
+Every measured speedup has an interval, and a patch that changes nothing reads "no significant change";
+each metric is listed once; the profiled speedup is reconciled with the benchmarked one.
+"""
 from __future__ import annotations
 
 import base64
+import math
 import re
 
 import pytest
@@ -33,9 +38,26 @@ def _run(useful: float, pad: float, tps: float, label: str = "") -> RunMetrics:
                                                host="h", cpu_count=2, profiler="torch.profiler"))
 
 
-def _bench(label: str, values: list[float], m: RunMetrics) -> BenchmarkResult:
+def _bench(label: str, values: list[float], m: RunMetrics, pair_id: str | None = "p1") -> BenchmarkResult:
     return BenchmarkResult(label=label, metrics=m, throughputs=values, median=sorted(values)[len(values) // 2],
-                           spread=max(values) - min(values), cache_key="k" * 64)
+                           spread=max(values) - min(values), cache_key="k" * 64, pair_id=pair_id,
+                           stop_reason="decided after 3 pairs: the 95% interval excludes 1.0")
+
+
+def _patch() -> Patch:
+    rule = AppliedRule(rule_id="data.dynamic_padding", category="data", targets_bucket="useful",
+                       citation=Citation(title="Hugging Face Transformers, Trainer", section="group_by_length",
+                                         url="https://huggingface.co/docs/transformers/main_classes/trainer"),
+                       rationale="Pad each batch to its longest <sequence>.", predicted_recovery=0.47,
+                       changes={"padding": {"from": "max_length", "to": "dynamic"}})
+    return Patch(new_config={}, diff=DIFF, target_file="/w/train.py", applied=[rule],
+                 dropped=["attention.flash_attn_missing_use_sdpa: conflicts with X on attention_impl"],
+                 consistency_notes=["a and b both target `useful`: combined as 1 - (1 - 0.5)(1 - 0.3)"],
+                 expected_speedup_low=1.3, expected_speedup_high=1.9, confidence=0.54, evidence_coverage=0.67,
+                 rule_consistency=0.81)
+
+
+CFG = ConfigDict(batch_size=8, seq_len=64, padding="max_length")
 
 
 @pytest.fixture
@@ -43,22 +65,16 @@ def report():
     before, after = _run(1.0, 0.5, 500.0), _run(1.0, 0.03, 500.0)
     bench = {"baseline": _bench("baseline", [240.0, 250.0, 260.0], before),
              "patched": _bench("patched", [470.0, 480.0, 500.0], after)}
-    rule = AppliedRule(rule_id="data.dynamic_padding", category="data", targets_bucket="useful",
-                       citation=Citation(title="Hugging Face Transformers, Trainer", section="group_by_length",
-                                         url="https://huggingface.co/docs/transformers/main_classes/trainer"),
-                       rationale="Pad each batch to its longest <sequence>.", predicted_recovery=0.47,
-                       changes={"padding": {"from": "max_length", "to": "dynamic"}})
-    patch = Patch(new_config={}, diff=DIFF, target_file="/w/train.py", applied=[rule],
-                  dropped=["attention.flash_attn_missing_use_sdpa: conflicts with X on attention_impl"],
-                  consistency_notes=["a and b both target `useful`: combined as 1 - (1 - 0.5)(1 - 0.3)"],
-                  expected_speedup_low=1.3, expected_speedup_high=1.9, confidence=0.54, evidence_coverage=0.67,
-                  rule_consistency=0.81)
-    cfg = ConfigDict(batch_size=8, seq_len=64, padding="max_length")
-    return compare_runs(before, after, bench, patch, cfg, model="MiniLM + LoRA")
+    return compare_runs(before, after, bench, _patch(), CFG, model="MiniLM + LoRA")
 
 
 def test_compare_runs_is_pure_and_uses_real_tokens(report):
-    assert report.measured_speedup == pytest.approx(480.0 / 250.0)
+    # the geometric mean of the paired ratios, with its interval
+    ratios = [470.0 / 240.0, 480.0 / 250.0, 500.0 / 260.0]
+    assert report.measured_speedup == pytest.approx(math.exp(sum(map(math.log, ratios)) / 3))
+    iv = report.measured_interval
+    assert iv.paired and iv.pairs == 3 and iv.level == 0.95 and iv.verdict == "faster"
+    assert 1.0 < iv.low < report.measured_speedup < iv.high
     assert report.throughput_unit == "real tokens/s"
     assert (report.predicted_low, report.predicted_high, report.confidence) == (1.3, 1.9, 0.54)
     useful = next(b for b in report.buckets if b.bucket == "useful")
@@ -104,7 +120,7 @@ def test_write_report_writes_markdown_png_and_html(report, tmp_path):
     assert (tmp_path / "report.png").stat().st_size > 5000
     assert (tmp_path / "report.html").read_text().count("data:image/png;base64,") == 2
     text = md.read_text()
-    assert "Measured speedup: 1.92x" in text and "real tokens/s" in text and "```diff" in text
+    assert "Measured speedup: 1.93x (95% interval" in text and "real tokens/s" in text and "```diff" in text
     assert "How the rules were combined" in text
     assert render_markdown(report).endswith("Generated " + report.created_at + ".\n")
 
@@ -114,3 +130,95 @@ def test_goblin_audit_accepts_html_option():
 
     args = build_parser().parse_args(["audit", "workloads/digits_mlp", "--html", "out/report.html", "--json"])
     assert args.html == "out/report.html" and args.json and args.fn is cmd_audit
+
+
+def _noop(values_b: list[float], values_p: list[float], pair_id: str | None = "p1"):
+    m = _run(1.0, 0.0, 500.0)
+    bench = {"baseline": _bench("baseline", values_b, m, pair_id), "patched": _bench("patched", values_p, m, pair_id)}
+    return compare_runs(m, m, bench, _patch(), CFG, model="MiniLM + LoRA")
+
+
+def test_a_noop_patch_reads_no_significant_change_everywhere(tmp_path):
+    """Done when (issue 15): the report of a no-op patch says "no significant change", never "1.04x faster"."""
+    rep = _noop([250.0, 240.0, 262.0], [262.0, 248.0, 255.0])   # ratios 1.05, 1.03, 0.97: noise only
+    assert rep.measured_interval.verdict == "no significant change"
+    assert rep.measured_interval.low < 1.0 < rep.measured_interval.high
+    md, page = render_markdown(rep), render_html(rep)
+    for text in (md, page):
+        assert "Measured speedup: no significant change (1.02x, 95% interval" in text
+        assert not re.search(r"\d\.\d\dx faster", text)
+    assert "Throughput: no significant change" not in md  # the chart title is in the PNG, not the text
+
+
+def test_unpaired_arms_get_welch_and_a_single_pair_says_no_interval():
+    rep = _noop([250.0, 240.0, 262.0], [500.0, 490.0], pair_id=None)
+    assert not rep.measured_interval.paired and "Welch" in rep.measured_interval.method
+    assert rep.measured_interval.verdict == "faster"
+    one = _noop([250.0], [500.0])
+    assert one.measured_interval.verdict == "no interval" and one.measured_interval.low is None
+    assert "no interval" in render_markdown(one)
+
+
+@pytest.mark.parametrize("unit", ["samples", "tokens"])
+def test_side_by_side_lists_each_metric_once(unit):
+    m = _run(1.0, 0.2, 500.0).model_copy(update={"unit": unit, "samples_per_sec": 8.0})
+    rows = [r.metric for r in compare_runs(m, m, {"baseline": _bench("baseline", [8.0, 8.1], m),
+                                                  "patched": _bench("patched", [8.2, 8.0], m)},
+                                           _patch(), CFG).metrics]
+    assert len(rows) == len(set(rows)), rows
+    values = [(r.metric, r.before) for r in compare_runs(m, m, {"baseline": _bench("baseline", [8.0, 8.1], m),
+                                                                "patched": _bench("patched", [8.2, 8.0], m)},
+                                                         _patch(), CFG).metrics]
+    throughput_rows = [k for k, v in values if k.endswith("/s (profiled steps)") and v == m.throughput]
+    assert len(throughput_rows) == 1, values
+
+
+def test_headroom_batch_row_says_memory_is_not_the_limit():
+    m = _run(1.0, 0.0, 500.0)
+    m.not_observable["headroom_batch"] = "memory is not the limit: the free memory would hold about 12,000,000 ..."
+    rep = compare_runs(m, m, {"baseline": _bench("baseline", [8.0, 8.1], m), "patched": _bench("patched", [8.2, 8.0], m)},
+                       _patch(), CFG)
+    row = next(r for r in rep.metrics if r.metric.startswith("headroom batch"))
+    assert row.before == "memory is not the limit"
+    assert any(w.startswith("headroom batch: memory is not the limit") for w in rep.warnings)
+    assert "12,000,000" in render_markdown(rep) and "| headroom batch (estimated) | memory is not the limit |" in \
+        render_markdown(rep)
+
+
+def test_profiled_and_benchmarked_speedups_are_reconciled():
+    """digits_mlp once profiled 5x while its benchmark measured 1.55x: the report says which arm and why."""
+    before = _run(0.02, 0.0, 0.0).model_copy(update={"unit": "samples", "samples_per_sec": 3200.0,
+                                                     "tokens_per_sec": None, "real_tokens_per_sec": None})
+    after = before.model_copy(update={"samples_per_sec": 16000.0})          # profiled: 5x
+    bench = {"baseline": _bench("baseline", [3100.0, 3200.0, 3300.0], before),
+             "patched": _bench("patched", [4900.0, 4950.0, 5100.0], after)}  # benchmarked: ~1.55x
+    rep = compare_runs(before, after, bench, _patch(), CFG)
+    assert rep.profiled_speedup == pytest.approx(5.0)
+    text = " ".join(rep.reconciliation)
+    assert "imply 5.00x" in text and "disagree" in text and "trust the benchmark" in text
+    assert "patched run went 3.23x faster than its timed repeats" in text
+    assert "prefetch queue" in text and "did not report" in text       # no prefetch_warmup_steps from this harness
+    assert "original run" not in text                                     # the original agrees with its benchmark
+    drained = compare_runs(before.model_copy(update={"prefetch_warmup_steps": 0}),
+                           after.model_copy(update={"prefetch_warmup_steps": 2}), bench, _patch(), CFG)
+    assert "skipped 2 step(s) after the warm-up" in " ".join(drained.reconciliation)
+    # profiler overhead: the profiled patched run slower than timed
+    slow = compare_runs(before, before.model_copy(update={"samples_per_sec": 2500.0}), bench, _patch(), CFG)
+    assert "profiler overhead" in " ".join(slow.reconciliation)
+    # agreement is said too
+    ok = compare_runs(before, before.model_copy(update={"samples_per_sec": 5000.0}), bench, _patch(), CFG)
+    assert "They agree" in ok.reconciliation[0]
+    assert "## Profiled vs benchmarked" in render_markdown(rep) and "Profiled vs benchmarked" in render_html(rep)
+
+
+def test_calibrated_prediction_says_how_many_audits_it_came_from():
+    from goblin_assets.audit.calibration import calibrate
+
+    history = [{"audit_id": f"a{i}", "workload": "w", "rules": "data.dynamic_padding", "measured_speedup": 1.2 + i / 100,
+                "predicted_speedup_low": 1.3, "predicted_speedup_high": 1.9} for i in range(4)]
+    m = _run(1.0, 0.0, 500.0)
+    bench = {"baseline": _bench("baseline", [250.0, 240.0], m), "patched": _bench("patched", [300.0, 290.0], m)}
+    rep = compare_runs(m, m, bench, _patch(), CFG, calibration=calibrate(_patch(), history))
+    assert rep.predicted_high < 1.9 and rep.calibration.model_high == 1.9 and rep.calibration.audits == 4
+    md = render_markdown(rep)
+    assert "scaled by the record of 4 measured audits" in md and "data.dynamic_padding: 4 audits" in md

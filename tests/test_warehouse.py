@@ -68,6 +68,27 @@ def test_a_warehouse_from_before_the_unit_suffixes_keeps_its_rows(tmp_path):
         [{"run_id": "r1", "time_per_step_s": 0.1}] * 2
 
 
+def test_a_warehouse_from_before_the_added_columns_gains_them_and_keeps_its_rows(tmp_path):
+    """An audits table without the interval and calibration columns gains them (NULL in its rows), in order."""
+    from goblin_assets.warehouse.tables import ADDED_COLUMNS, column_type
+
+    old_cols = [c for c in TABLES["audits"] if ("audits", c[0]) not in ADDED_COLUMNS]
+    db = tmp_path / "old.duckdb"
+    with duckdb.connect(str(db)) as con:
+        con.execute('CREATE TABLE audits (' + ", ".join(f'"{n}" {t}{"" if null else " NOT NULL"}'
+                                                       for n, t, null in old_cols) + ")")
+        con.execute("INSERT INTO audits (audit_id, workload, created_at, profile_run_id, unit, rules, diff, "
+                    "measured_speedup) VALUES ('old', 'w', now(), 'p', 'samples', 'r1', '', 1.3)")
+    with connect(db) as con:
+        assert [r[0] for r in con.execute('DESCRIBE "audits"').fetchall()] == columns("audits")
+    got = query("SELECT audit_id, measured_speedup, speedup_low, speedup_verdict, calibration_audits FROM audits", db)
+    assert got.audit_id.tolist() == ["old"] and got.measured_speedup.tolist() == [1.3]
+    assert got[["speedup_low", "speedup_verdict", "calibration_audits"]].isna().all(axis=None)
+    assert all(column_type(t, c)[1] for t, c in ADDED_COLUMNS)          # only nullable columns can be added
+    with connect(db) as con:                                              # a second open adds nothing twice
+        assert len(con.execute('DESCRIBE "audits"').fetchall()) == len(columns("audits"))
+
+
 def test_query_error_is_typed(goblin_home):
     with pytest.raises(WarehouseError, match="query failed"):
         query("SELECT * FROM no_such_table")
@@ -140,3 +161,31 @@ def test_text_builds_arrow_strings():
         text(["a"], [1, 2])
     with pytest.raises(ValueError, match="counts"):
         text(["a"], [-1])
+
+
+def test_non_finite_sketch_values_are_data(tmp_path):
+    """sketches.value: NaN is written as NULL (the schema says the column is nullable), ±inf as itself."""
+    import numpy as np
+
+    from goblin_assets.warehouse.tables import NAN_AS_NULL, column_type, relax_not_null
+
+    df = _sketch_rows()
+    df["value"] = [1.0, np.nan, np.inf, -np.inf, 0.0, np.nan]
+    db = tmp_path / "w.duckdb"
+    assert write({"sketches": df}, db) == {"sketches": 6}
+    back = query("SELECT value, value IS NULL AS is_null FROM sketches", db)
+    assert back.is_null.tolist() == [False, True, False, False, False, True]
+    assert back.value.iloc[2] == np.inf and back.value.iloc[3] == -np.inf
+    assert ("sketches", "value") in NAN_AS_NULL and column_type("sketches", "value") == ("DOUBLE", True)
+    # a warehouse created while the column was NOT NULL: the constraint is dropped, the rows kept
+    old = tmp_path / "old.duckdb"
+    with duckdb.connect(str(old)) as con:
+        con.execute(ddl("sketches").replace('"value" DOUBLE', '"value" DOUBLE NOT NULL'))
+        not_null = {(t, c) for t, c, n in con.execute(
+            "SELECT table_name, column_name, is_nullable FROM information_schema.columns").fetchall() if n == "NO"}
+        stmts = relax_not_null(not_null)
+        assert stmts == ['ALTER TABLE "sketches" ALTER COLUMN "value" DROP NOT NULL']
+        for sql in stmts:
+            con.execute(sql)
+        assert relax_not_null({("sketches", "run_id")}) == []
+    assert write({"sketches": df}, old) == {"sketches": 6}

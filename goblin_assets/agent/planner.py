@@ -161,7 +161,7 @@ class OfflinePlanner:
                         "(compare_runs).")
             cached = [a for a in ("baseline", "patched") if b[a].get("cache_hit")]
             return (f"Measured {b['baseline']['median']} -> {b['patched']['median']} {b.get('unit')} "
-                    f"({b['speedup']:.2f}x" + (f"; {' and '.join(cached)} from the benchmark cache" if cached else "")
+                    f"({b['speedup']:.2f}x, {b.get('verdict', 'no interval')}" + (f"; {' and '.join(cached)} from the benchmark cache" if cached else "")
                     + "). Next: the two profiles and the benchmark side by side (compare_runs).")
         fld, value = next(iter(args["overrides"].items()))
         if key == "propose_patch:whatif":
@@ -191,7 +191,12 @@ class OfflinePlanner:
             lo, hi = rep["predicted_speedup"]
             hits = ", ".join(t.get("cache_hits") or [])
             cached = f" (replayed from the benchmark cache: {hits})" if hits else ""
-            out.append(f"Measured speedup {rep['measured_speedup']:.2f}x: {t['original']} -> {t['patched']} "
+            iv = rep.get("measured_speedup_interval") or [None, None]
+            how = (f" ({rep.get('interval_level', 0.95):.0%} interval {iv[0]:.2f}x-{iv[1]:.2f}x)"
+                   if None not in iv else "")
+            head = (f"No significant change: {rep['measured_speedup']:.2f}x{how}" if
+                    rep.get("verdict") == "no significant change" else f"Measured speedup {rep['measured_speedup']:.2f}x{how}")
+            out.append(f"{head}: {t['original']} -> {t['patched']} "
                        f"{t['unit']}{cached}; predicted {lo:.2f}x-{hi:.2f}x, confidence {rep['confidence']:.2f}.")
             top = _top_bucket(rep.get("waste_budget_ms", {}), "original_share")
             if top:

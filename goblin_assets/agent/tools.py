@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from goblin_assets.audit.benchmark import bench_interval
 from goblin_assets.audit.report import ReplayReport
 from goblin_assets.audit.retrieval import query_rocm_kb
 from goblin_assets.audit.session import AuditSession, WhatIfError
@@ -132,9 +133,11 @@ def bench_summary(s: AuditSession, root: AuditSession | None = None) -> dict[str
     if bench is None or after is None:
         return _not_observable(s, "benchmarks")
     b, p = bench["baseline"], bench["patched"]
+    iv = bench_interval(bench)
     out = {**_whatif(s), "unit": s.profile_run().throughput_unit,
            "steps_per_repeat": s.settings.bench_steps, "repeats": len(b.throughputs),
-           "baseline": _arm(b), "patched": _arm(p), "speedup": _r(p.median / b.median, 3),
+           "baseline": _arm(b), "patched": _arm(p), "speedup": _r(iv.point, 3),
+           "speedup_interval": [_r(iv.low, 3), _r(iv.high, 3)], "verdict": iv.verdict,
            "patched_profile": {"step_time_ms": _ms(after.step_time_s),
                                "waste_budget_ms": {k: _ms(v.seconds) for k, v in after.waste_budget.items()}}}
     root_bench = root.results.get("benchmarks") if root is not None and root is not s else None
@@ -143,6 +146,14 @@ def bench_summary(s: AuditSession, root: AuditSession | None = None) -> dict[str
         out["vs_original"] = {"original_baseline_median": _r(ob, 1), "as_is": _r(b.median / ob, 3),
                               "with_patch": _r(p.median / ob, 3)}
     return out
+
+
+def _interval(iv) -> dict[str, Any]:
+    """The measured speedup's interval and verdict (``no significant change`` when it contains 1.0)."""
+    if iv is None:
+        return {}
+    return {"measured_speedup_interval": [_r(iv.low, 2), _r(iv.high, 2)], "interval_level": iv.level,
+            "verdict": iv.verdict}
 
 
 def report_summary(s: AuditSession) -> dict[str, Any]:
@@ -163,6 +174,7 @@ def report_summary(s: AuditSession) -> dict[str, Any]:
         # rounded once, as the report prints it (2 decimals): 1.4047 rounded to 3 and then printed with
         # 2 decimals read "1.41x" in the agent's answer beside the report's "1.40x"
         "measured_speedup": _r(rep.measured_speedup, 2),
+        **_interval(getattr(rep, "measured_interval", None)),
         "predicted_speedup": [_r(rep.predicted_low), _r(rep.predicted_high)], "confidence": _r(rep.confidence),
         "throughput": {"original": _r(rep.baseline_throughput, 1), "patched": _r(rep.patched_throughput, 1),
                        "unit": rep.throughput_unit, "cache_hits": rep.cache_hits},

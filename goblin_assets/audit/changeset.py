@@ -43,7 +43,7 @@ from pydantic import BaseModel, Field, computed_field
 from goblin_assets.audit import fields as F
 from goblin_assets.audit.kb import KnowledgeBase, check_condition, eval_fix_value
 from goblin_assets.audit.waste import evidence_coverage, shares
-from goblin_assets.contracts import AppliedRule, ConfigDict, Rule, RuleMatch, RunMetrics
+from goblin_assets.contracts import AppliedRule, ConfigDict, KeywordEdit, Rule, RuleMatch, RunMetrics
 
 #: Largest share of a step the model predicts can be recovered (speedup <= 20x).
 MAX_RECOVERABLE = 0.95
@@ -174,6 +174,11 @@ class ChangeSet(BaseModel):
     def applied(self) -> list[AppliedRule]:
         """The applied rules, in uplift order."""
         return [d.applied for d in self.decisions if d.applied is not None]
+
+    def keyword_edits(self, decisions: list[RuleDecision] | None = None) -> list[KeywordEdit]:
+        """The companion keyword edits of the applied rules (or of ``decisions``), in uplift order."""
+        ds = self.outcomes("applied") if decisions is None else decisions
+        return [k for d in ds for k in _rule(self, d.rule_id).fix.keywords]
 
     def outcomes(self, outcome: Outcome) -> list[RuleDecision]:
         """The decisions with one outcome (``"conflict"``, ``"superseded"``, ``"satisfied"`` ...)."""

@@ -54,7 +54,8 @@ from goblin_assets.audit.kb import KnowledgeBase
 from goblin_assets.audit.source_edit import Document, SourceWriter, TextWriter, installed_packages
 from goblin_assets.audit.write_mapping import JsonWriter, YamlWriter
 from goblin_assets.audit.write_python import PythonWriter
-from goblin_assets.contracts import ConfigDict, Patch, RuleMatch, RunMetrics
+from goblin_assets.contracts import ConfigDict, KeywordEdit, Patch, RuleMatch, RunMetrics
+from goblin_assets.host import keyword_names
 from goblin_assets.errors import PatchError
 
 __all__ = ["MAX_RECOVERABLE", "WRITERS", "ChangeSet", "RuleDecision", "edit_source", "installed_packages",
@@ -66,9 +67,14 @@ WRITERS: dict[str, Callable[[Document], SourceWriter]] = {
 }
 
 
+#: Reads the keyword names of a dotted callable in the job's interpreter (None: it cannot be inspected).
+Signatures = Callable[[str], "list[str] | None"]
+
+
 def _write(config: ConfigDict, path: Path, changes: dict[str, Any], companions: list[CompanionEdit],
-           packages: dict[str, str | None]) -> tuple[str, str]:
-    """(original, patched) text of ``path`` with ``changes`` and their ``companions`` written."""
+           packages: dict[str, str | None], keywords: list[KeywordEdit] = (),
+           signatures: Signatures | None = None) -> tuple[str, str]:
+    """(original, patched) text of ``path`` with ``changes``, their ``companions`` and ``keywords`` written."""
     doc = Document.open(path, packages)
     writer = WRITERS[doc.kind](doc)
     for fld, value in changes.items():
@@ -80,6 +86,8 @@ def _write(config: ConfigDict, path: Path, changes: dict[str, Any], companions: 
         for edit in companions:
             if edit.field == fld:
                 writer.companion(edit)
+    for kw in keywords:
+        writer.keyword_edit(kw, signatures or keyword_names)
     writer.finish()
     return doc.text.text, doc.patched(changes)
 
@@ -129,7 +137,8 @@ def unified_diff(original: str, patched: str, relpath: str) -> str:
     return out
 
 
-def _writable(config: ConfigDict, cs: ChangeSet, src: Path, packages: dict[str, str | None]) -> ChangeSet:
+def _writable(config: ConfigDict, cs: ChangeSet, src: Path, packages: dict[str, str | None],
+              signatures: Signatures | None = None) -> ChangeSet:
     """``cs`` without the rules the file cannot carry, each dropped with the writer's reason.
 
     The applied rules are written cumulatively in uplift order (rule ``i``
@@ -147,7 +156,8 @@ def _writable(config: ConfigDict, cs: ChangeSet, src: Path, packages: dict[str, 
             for d in decisions[:i + 1]:
                 changes.update(d.fields)
             try:
-                _write(config, src, changes, companions_for(changes), packages)
+                _write(config, src, changes, companions_for(changes), packages, cs.keyword_edits(decisions[:i + 1]),
+                       signatures)
             except PatchError as exc:
                 cs, done = cs.without({decisions[i].rule_id: f"cannot edit the file ({exc})"}), i
                 break
@@ -157,7 +167,7 @@ def _writable(config: ConfigDict, cs: ChangeSet, src: Path, packages: dict[str, 
 
 def write_changes(config: ConfigDict, change_set: ChangeSet, source: Path | None = None,
                   packages: dict[str, str | None] | None = None, workload_root: Path | None = None,
-                  out_dir: Path | None = None) -> Patch:
+                  out_dir: Path | None = None, signatures: Signatures | None = None) -> Patch:
     """Write a resolved change-set into the user's file; return the Patch (step 2 of :func:`propose_patch`).
 
     Parameters
@@ -176,6 +186,10 @@ def write_changes(config: ConfigDict, change_set: ChangeSet, source: Path | None
     out_dir : Path, optional
         When given, a copy of the workload folder with the patched file is
         written to ``out_dir/workload`` (``Patch.patched_file``).
+    signatures : callable, optional
+        Dotted callable -> its keyword names in the job's interpreter, for the
+        rules' keyword edits (default :func:`goblin_assets.host.keyword_names`
+        in this process's environment).
 
     Returns
     -------
@@ -196,9 +210,9 @@ def write_changes(config: ConfigDict, change_set: ChangeSet, source: Path | None
     """
     src = Path(source or config.source_file)
     packages = installed_packages() if packages is None else packages
-    cs = _writable(config, change_set, src, packages)
+    cs = _writable(config, change_set, src, packages, signatures)
     if cs.changes:
-        original, patched = _write(config, src, cs.changes, cs.companions, packages)
+        original, patched = _write(config, src, cs.changes, cs.companions, packages, cs.keyword_edits(), signatures)
     else:
         original = patched = src.read_text(encoding="utf-8")
     root = workload_root or src.parent
@@ -222,7 +236,8 @@ def write_changes(config: ConfigDict, change_set: ChangeSet, source: Path | None
 
 def propose_patch(config: ConfigDict, kb: KnowledgeBase, matches: list[RuleMatch], metrics: RunMetrics,
                   cores: int, workload_root: Path | None = None, out_dir: Path | None = None,
-                  source: Path | None = None, packages: dict[str, str | None] | None = None) -> Patch:
+                  source: Path | None = None, packages: dict[str, str | None] | None = None,
+                  signatures: Signatures | None = None) -> Patch:
     """Apply the fired rules' transforms; return the Patch with its diff and predicted uplift.
 
     ``resolve_changes(config, kb, matches, metrics, cores)`` then
@@ -247,6 +262,8 @@ def propose_patch(config: ConfigDict, kb: KnowledgeBase, matches: list[RuleMatch
     packages : dict, optional
         Installed library versions for version-gated keys (default: this
         environment's).
+    signatures : callable, optional
+        As :func:`write_changes`.
 
     Returns
     -------
@@ -266,4 +283,4 @@ def propose_patch(config: ConfigDict, kb: KnowledgeBase, matches: list[RuleMatch
         The source file cannot be read.
     """
     change_set = resolve_changes(config, kb, matches, metrics, cores)
-    return write_changes(config, change_set, source, packages, workload_root, out_dir)
+    return write_changes(config, change_set, source, packages, workload_root, out_dir, signatures)

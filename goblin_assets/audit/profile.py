@@ -55,7 +55,8 @@ def timed_metrics(raw: RawRun, workload: Workload, host: HostFacts | None = None
 
 
 def throughput_fields(raw: RawRun, workload: Workload) -> dict:
-    """Step time, samples/s and tokens/s of a run's measured steps (from the harness's clock).
+    """Step time, samples/s and tokens/s of a run's measured steps (from the harness's clock), and what the
+    harness saw besides: the prefetch steps added to the warm-up and the parameters' NaN/Inf check.
 
     Units: ``step_time_s`` median seconds per step; throughput = total counted
     over total time of the measured steps.
@@ -74,6 +75,9 @@ def throughput_fields(raw: RawRun, workload: Workload) -> dict:
         "samples_per_sec": samples / total_t if total_t > 0 and samples else None,
         "tokens_per_sec": tokens / total_t if total_t > 0 and tokens else None,
         "padding_share": 1.0 - nonpad / tokens if tokens else None,
+        "prefetch_warmup_steps": raw.result.prefetch_warmup_steps,
+        "nonfinite_step": raw.result.first_nonfinite_step,
+        "nonfinite_params": list(raw.result.nonfinite_params),
     }
     return out
 
@@ -177,6 +181,11 @@ def profile_run(workload: Workload, runner: Runner, steps: int = 10, warmup: int
         m.not_observable["tokens_per_sec"] = "workload counts samples, not tokens"
         m.not_observable["padding_share"] = "workload counts samples, not tokens"
         m.not_observable["real_tokens_per_sec"] = "workload counts samples, not tokens"
+    if m.nonfinite_step is None:
+        m.not_observable["nonfinite_step"] = (
+            "parameters were checked for NaN/Inf after every warm-up step and at the end of the run, not inside "
+            "timed steps: " + ("none was non-finite" if not m.nonfinite_params else
+                               "they were non-finite only at the end, after a timed step"))
     runner.fold_metrics(raw, m)
     _headroom_batch(m, r, summary)  # after the fold: amd-smi may replace memory_headroom_gb
     return m
@@ -229,14 +238,48 @@ def activation_gb_per_sample(r: HarnessResult, summary: TraceSummary) -> tuple[f
     return act / micro, f"{how}, over {micro:g} samples per micro-batch"
 
 
+#: The most a headroom batch may extrapolate the measured micro-batch (times) when the dataset size is
+#: unknown.  The estimate is a straight line through one measured batch; three orders of magnitude past it,
+#: allocator fragmentation, workspace sizes and kernel choices that change with the batch make it no
+#: measurement (the digits MLP's 64-sample batch once extrapolated to 12 million samples of host RAM).
+MAX_BATCH_EXTRAPOLATION = 1024
+
+
 def _headroom_batch(m: RunMetrics, r: HarnessResult, summary: TraceSummary) -> None:
-    """Fill ``m.headroom_batch`` (estimated) or give the reason in ``not_observable``."""
+    """Fill ``m.headroom_batch`` (estimated, bounded) or give the reason in ``not_observable``.
+
+    Estimate: measured micro-batch + ``memory_headroom_gb`` / activation GB
+    per sample (:func:`activation_gb_per_sample`; linear in the batch).
+    Bounds: the dataset's size when the harness reports it
+    (``dataset_samples``: a batch cannot hold more samples than the data);
+    and a value beyond :data:`MAX_BATCH_EXTRAPOLATION` times the measured
+    micro-batch is left out: ``not_observable`` then says "memory is not the
+    limit" with the numbers.  A warning states how the number was obtained
+    and which bound applied.
+    """
     per_sample, how = activation_gb_per_sample(r, summary)
     if per_sample is None or m.memory_headroom_gb is None:
         m.not_observable["headroom_batch"] = how if per_sample is None else "memory headroom unknown"
         return
-    m.headroom_batch = int(micro_batch(r) + max(m.memory_headroom_gb, 0.0) / per_sample)
-    m.warnings.append(
-        f"headroom_batch {m.headroom_batch} is estimated: {m.memory_headroom_gb:.2f} GB headroom / "
-        f"{per_sample * 1e3:.3f} MB activation memory per sample ({how}); assumes activations grow "
-        "linearly with the batch")
+    micro = micro_batch(r)
+    free = max(m.memory_headroom_gb, 0.0)
+    est = micro + free / per_sample
+    basis = (f"{free:.2f} GB headroom / {per_sample * 1e3:.3f} MB activation memory per sample ({how}); assumes "
+             "activations grow linearly with the batch")
+    dataset = getattr(r, "dataset_samples", None)
+    if min(est, dataset or est) > MAX_BATCH_EXTRAPOLATION * micro:
+        m.not_observable["headroom_batch"] = (
+            f"memory is not the limit: the free memory would hold about {est:,.0f} samples' activations ({basis}), "
+            f"more than {MAX_BATCH_EXTRAPOLATION}x the measured micro-batch of {micro:g}, too far for a straight "
+            "line through one batch; " + (f"the dataset has {dataset} samples" if dataset else
+                                           "the harness did not report the dataset's size to bound it"))
+        return
+    if dataset and est >= dataset:
+        m.headroom_batch = int(dataset)
+        m.warnings.append(
+            f"headroom_batch {m.headroom_batch} is the dataset's size: memory is not the limit, the free memory "
+            f"would hold about {est:,.0f} samples' activations ({basis}), more than the {dataset} samples the data "
+            "loader's dataset has")
+        return
+    m.headroom_batch = int(est)
+    m.warnings.append(f"headroom_batch {m.headroom_batch} is estimated: {basis}")

@@ -11,6 +11,14 @@ Throughput is in the workload's honest unit (``RunMetrics.throughput``):
 samples/s, or for token workloads *real* (non-padding) tokens/s, because a
 patch that removes padding processes fewer positions per step while doing
 more useful work per second.
+
+The measured speedup always comes with its interval
+(:func:`goblin_assets.audit.benchmark.bench_interval`); one whose interval
+contains 1.0 reads "no significant change".  The predicted range is the
+waste-budget model's, scaled by the applied rules' measured record when the
+caller passed one (:mod:`goblin_assets.audit.calibration`).  The report
+also reconciles the profiled runs' implied speedup with the benchmarked one
+(:func:`reconcile`).
 """
 from __future__ import annotations
 
@@ -23,6 +31,9 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from goblin_assets.redact import redact
+from goblin_assets.audit.benchmark import SpeedupInterval, bench_interval
+from goblin_assets.audit.calibration import Calibration, calibrate
+from goblin_assets.audit.evidence import NonfiniteEvidence
 from goblin_assets.audit.waste import shares
 from goblin_assets.contracts import (
     WASTE_BUCKETS, AppliedRule, BenchmarkResult, ConfigDict, Patch, RunMetrics,
@@ -59,7 +70,12 @@ class AuditReport(BaseModel):
 
     Units: throughputs in ``throughput_unit`` (samples/s, or real non-padding
     tokens/s for token workloads); step times in seconds; speedups are
-    patched/original throughput ratios.
+    patched/original throughput ratios.  ``measured_speedup`` is
+    ``measured_interval.point`` (the geometric mean of the paired ratios);
+    ``predicted_low``/``predicted_high``/``confidence`` are the calibrated
+    prediction (``calibration`` holds the model's own and how it was
+    scaled); ``profiled_speedup`` is the profiled runs' throughput ratio and
+    ``reconciliation`` says whether it agrees with the benchmark and why not.
     """
 
     workload: str
@@ -79,9 +95,14 @@ class AuditReport(BaseModel):
     repeats: int
     steps: int
     measured_speedup: float
+    measured_interval: SpeedupInterval | None = None
+    bench_stop_reason: str = ""
     predicted_low: float
     predicted_high: float
     confidence: float
+    calibration: Calibration | None = None
+    profiled_speedup: float | None = None
+    reconciliation: list[str] = Field(default_factory=list)
     evidence_coverage: float = 0.0
     rule_consistency: float = 1.0
     buckets: list[BucketChange]
@@ -99,6 +120,8 @@ class AuditReport(BaseModel):
     cache_hits: list[str]
     warnings: list[str]
     created_at: str
+    nonfinite_markdown: list[str] = Field(default_factory=list)
+    nonfinite_html: str = ""
 
 
 def _accelerator(m: RunMetrics) -> str:
@@ -110,14 +133,24 @@ def _accelerator(m: RunMetrics) -> str:
     return "none (CPU)"
 
 
+def _headroom_cell(m: RunMetrics) -> int | str | None:
+    if m.headroom_batch is not None:
+        return m.headroom_batch
+    why = m.not_observable.get("headroom_batch", "")
+    return "memory is not the limit" if why.startswith("memory is not the limit") else None
+
+
 def _side_by_side(before: RunMetrics, after: RunMetrics) -> list[MetricRow]:
+    """One row per metric (each metric once: samples/s is the throughput row itself for a samples workload)."""
     rows = [
         MetricRow(metric="step time (median, profiled)", before=before.step_time_s, after=after.step_time_s, unit="s"),
         MetricRow(metric=before.throughput_unit + " (profiled steps)", before=before.throughput,
                   after=after.throughput, unit=before.throughput_unit),
-        MetricRow(metric="samples/s", before=before.samples_per_sec, after=after.samples_per_sec, unit="samples/s"),
-        MetricRow(metric="samples per step", before=before.samples_per_step, after=after.samples_per_step),
     ]
+    if before.unit == "tokens":
+        rows.append(MetricRow(metric="samples/s (profiled steps)", before=before.samples_per_sec,
+                              after=after.samples_per_sec, unit="samples/s"))
+    rows.append(MetricRow(metric="samples per step", before=before.samples_per_step, after=after.samples_per_step))
     if before.unit == "tokens":
         rows += [
             MetricRow(metric="tokens/s, pad included", before=before.tokens_per_sec, after=after.tokens_per_sec,
@@ -127,12 +160,93 @@ def _side_by_side(before: RunMetrics, after: RunMetrics) -> list[MetricRow]:
     rows += [
         MetricRow(metric="MFU", before=before.mfu_pct, after=after.mfu_pct, unit="%"),
         MetricRow(metric="memory peak", before=before.mem_peak_gb, after=after.mem_peak_gb, unit="GB"),
+        MetricRow(metric="memory headroom", before=before.memory_headroom_gb, after=after.memory_headroom_gb,
+                  unit="GB"),
+        MetricRow(metric="headroom batch (estimated)", before=_headroom_cell(before), after=_headroom_cell(after)),
         MetricRow(metric="utilisation", before=before.util_pct, after=after.util_pct, unit="%"),
         MetricRow(metric="fused attention kernel ran",
                   before=None if before.attention_kernel_loaded is None else str(before.attention_kernel_loaded),
                   after=None if after.attention_kernel_loaded is None else str(after.attention_kernel_loaded)),
     ]
     return rows
+
+
+#: The profiled speedup agrees with the benchmark when it lies within the benchmark's interval widened by
+#: this factor either way: the profiled window (a few steps of each run, not repeated) has a sampling error
+#: of its own that the benchmark's interval does not include.
+RECONCILE_TOLERANCE = 1.10
+
+
+def _arm_note(label: str, m: RunMetrics, res: BenchmarkResult, unit: str) -> str | None:
+    """Why one arm's profiled throughput differs from its timed repeats' median (None: within tolerance)."""
+    f = (m.throughput or 0.0) / res.median
+    seen = f"{m.throughput:,.1f} {unit} profiled vs {res.median:,.1f} timed"
+    if f > RECONCILE_TOLERANCE:
+        why = (f"The profiled {label} run went {f:.2f}x faster than its timed repeats ({seen}). The profiler only "
+               "adds work, so its window was not steady state: ")
+        k = m.prefetch_warmup_steps
+        if k is None:
+            return why + ("a DataLoader with workers fills a prefetch queue (workers x prefetch_factor batches) "
+                          "during the warm-up, and the few profiled steps that follow consume it without waiting "
+                          "for data; this run's harness did not report skipping that depth "
+                          "(prefetch_warmup_steps).")
+        if k > 0:
+            return why + (f"the harness skipped {k} step(s) after the warm-up to drain the DataLoader's prefetch "
+                          f"queue, so the queue is not the cause; the window's {m.steps} steps are few, and their "
+                          "own variation (other load on the machine) remains.")
+        return why + (f"the loader had no prefetch queue to drain (the harness skipped 0 steps), so the "
+                      f"window's {m.steps} steps, few and not repeated, varied with other load on the machine.")
+    if f < 1.0 / RECONCILE_TOLERANCE:
+        return (f"The profiled {label} run went {1 / f:.2f}x slower than its timed repeats ({seen}): profiler "
+                "overhead. torch.profiler records every op (shapes, FLOPs, memory events), a host cost per op, so "
+                "a step of many small ops slows more than a step of few large ones and the runs' ratio shifts (or "
+                "other load on the machine slowed the window's few steps).")
+    return None
+
+
+def reconcile(before: RunMetrics, after: RunMetrics, bench: dict[str, BenchmarkResult],
+              interval: SpeedupInterval) -> tuple[float | None, list[str]]:
+    """The profiled runs' implied speedup and sentences reconciling it with the benchmarked one (pure).
+
+    The profiled speedup is ``after.throughput / before.throughput`` (a few
+    steps of each run under torch.profiler).  It agrees with the benchmark
+    when it lies in ``[low / T, high * T]`` with ``T`` =
+    :data:`RECONCILE_TOLERANCE` (``point`` for a missing bound).  When it
+    does not, each arm whose profiled throughput is more than ``T`` away
+    from its timed median gets the likely cause: faster than timed means a
+    window that was not steady state (the DataLoader's prefetch queue, read
+    from ``RunMetrics.prefetch_warmup_steps`` when the harness reported it),
+    slower means profiler overhead.
+
+    Returns
+    -------
+    tuple
+        ``(profiled speedup or None, sentences)``; ``(None, [])`` when a
+        profiled or benchmarked throughput is missing.
+    """
+    b, p = bench["baseline"], bench["patched"]
+    if not before.throughput or not after.throughput or not b.median or not p.median:
+        return None, []
+    prof = after.throughput / before.throughput
+    lo = interval.low if interval.low is not None else interval.point
+    hi = interval.high if interval.high is not None else interval.point
+    head = (f"The profiled runs ({before.steps} and {after.steps} steps under torch.profiler) imply {prof:.2f}x; "
+            f"the benchmark measured {interval.headline()}.")
+    drained = [f"{lab} {m.prefetch_warmup_steps}" for lab, m in (("original", before), ("patched", after))
+               if m.prefetch_warmup_steps]
+    steady = (f" The harness skipped the DataLoader's prefetch depth after the warm-up (steps: "
+              f"{', '.join(drained)}), so the profiled windows start in steady state.") if drained else ""
+    if lo / RECONCILE_TOLERANCE <= prof <= hi * RECONCILE_TOLERANCE:
+        return prof, [head + f" They agree (within the interval, ±{RECONCILE_TOLERANCE - 1:.0%})." + steady]
+    notes = [head + f" They disagree (the profiled ratio lies {'above' if prof > hi else 'below'} the interval by "
+             f"more than {RECONCILE_TOLERANCE - 1:.0%}): trust the benchmark (no profiler, alternating repeats); "
+             "the profiled runs give the waste budget's per-step split."]
+    unit = before.throughput_unit
+    arms = [n for n in (_arm_note("original", before, b, unit), _arm_note("patched", after, p, unit)) if n]
+    notes += arms or [f"Each profiled run is within {RECONCILE_TOLERANCE - 1:.0%} of its timed repeats; their "
+                      "deviations in opposite directions add up in the ratio (profiler overhead on one run, a "
+                      "window off steady state or other load on the other)."]
+    return prof, notes
 
 
 def _shape(config: ConfigDict, before: RunMetrics) -> str:
@@ -152,7 +266,8 @@ def _shape(config: ConfigDict, before: RunMetrics) -> str:
 
 
 def compare_runs(before: RunMetrics, after: RunMetrics, bench: dict[str, BenchmarkResult], patch: Patch,
-                 config: ConfigDict, model: str = "") -> AuditReport:
+                 config: ConfigDict, model: str = "", calibration: Calibration | None = None,
+                 nonfinite: NonfiniteEvidence | None = None) -> AuditReport:
     """Build the report model from the original and patched runs (pure function).
 
     Parameters
@@ -168,14 +283,33 @@ def compare_runs(before: RunMetrics, after: RunMetrics, bench: dict[str, Benchma
         The original config (batch/sequence shape for the footer).
     model : str
         A human-readable model name for the footer.
+    nonfinite : NonfiniteEvidence, optional
+        The "Non-finite values" section (audit/evidence.py), when the run's
+        tensors or parameters held NaN or inf.
+    calibration : Calibration, optional
+        The patch's prediction scaled by its rules' record
+        (:func:`goblin_assets.audit.calibration.calibrate`); default: the
+        model's prediction unscaled.
 
     Returns
     -------
     AuditReport
-        ``measured_speedup`` = patched median / baseline median throughput,
-        in the workload's honest unit (``RunMetrics.throughput_unit``).
+        ``measured_speedup`` = the geometric mean of the paired
+        patched/original throughput ratios, in the workload's honest unit
+        (``RunMetrics.throughput_unit``), with its interval
+        (:func:`goblin_assets.audit.benchmark.bench_interval`).
+
+    Raises
+    ------
+    ValueError
+        A benchmark throughput is not > 0.
     """
     b, p = bench["baseline"], bench["patched"]
+    interval = bench_interval(bench)
+    cal = calibration or calibrate(patch, None)
+    profiled, notes = reconcile(before, after, bench, interval)
+    headroom = ([f"headroom batch: {before.not_observable['headroom_batch']}"]
+                if before.headroom_batch is None and "headroom_batch" in before.not_observable else [])
     sb, sa = shares(before.waste_budget), shares(after.waste_budget)
     buckets = [
         BucketChange(bucket=k, before_s=before.waste_budget[k].seconds, after_s=after.waste_budget[k].seconds,
@@ -191,8 +325,9 @@ def compare_runs(before: RunMetrics, after: RunMetrics, bench: dict[str, Benchma
         baseline_throughput=b.median, baseline_spread=b.spread, patched_throughput=p.median,
         patched_spread=p.spread, baseline_throughputs=list(b.throughputs), patched_throughputs=list(p.throughputs),
         repeats=len(b.throughputs), steps=b.metrics.steps,
-        measured_speedup=p.median / b.median, predicted_low=patch.expected_speedup_low,
-        predicted_high=patch.expected_speedup_high, confidence=patch.confidence,
+        measured_speedup=interval.point, measured_interval=interval, bench_stop_reason=b.stop_reason,
+        predicted_low=cal.low, predicted_high=cal.high, confidence=cal.confidence, calibration=cal,
+        profiled_speedup=profiled, reconciliation=notes,
         evidence_coverage=patch.evidence_coverage, rule_consistency=patch.rule_consistency, buckets=buckets,
         metrics=_side_by_side(before, after),
         before_step_time_s=before.step_time_s, after_step_time_s=after.step_time_s,
@@ -202,7 +337,8 @@ def compare_runs(before: RunMetrics, after: RunMetrics, bench: dict[str, Benchma
         provenance=f"{prov.kind} on {prov.device} (host {prov.host}, {prov.cpu_count} cores), "
                    f"{prov.profiler or 'torch.profiler'} for the waste budget, harness clock for throughput",
         cache_hits=[lab for lab, r in bench.items() if r.cache_hit],
-        warnings=[*before.warnings], created_at=time.strftime("%Y-%m-%d %H:%M:%S"),
+        warnings=[*before.warnings, *headroom], created_at=time.strftime("%Y-%m-%d %H:%M:%S"),
+        nonfinite_markdown=nonfinite.markdown if nonfinite else [], nonfinite_html=nonfinite.html if nonfinite else "",
     )
 
 
@@ -241,7 +377,14 @@ def _throughput_axes(ax, rep: AuditReport) -> None:
     ax.hlines([lo, hi], 0.55, 1.45, colors="#1f4f0f", linestyles="dashed",
               label=f"predicted range {rep.predicted_low:.2f}x-{rep.predicted_high:.2f}x")
     ax.set_ylabel(f"{rep.throughput_unit or rep.unit + '/s'} (median of {rep.repeats}, measured)")
-    ax.set_title(f"Throughput: {rep.measured_speedup:.2f}x measured")
+    iv = rep.measured_interval
+    if iv is None or iv.low is None or iv.high is None:
+        title = f"Throughput: {rep.measured_speedup:.2f}x measured (no interval)"
+    elif iv.verdict == "no significant change":
+        title = f"Throughput: no significant change\n({iv.level:.0%} interval {iv.low:.2f}x–{iv.high:.2f}x)"
+    else:
+        title = f"Throughput: {iv.point:.2f}x measured\n({iv.level:.0%} interval {iv.low:.2f}x–{iv.high:.2f}x)"
+    ax.set_title(title)
     top = max([hi, *runs[0], *runs[1]])
     ax.set_ylim(0, top * 1.18)          # room for the legend above the predicted range
     ax.legend(fontsize=8, loc="upper left")
@@ -302,21 +445,42 @@ def _footer(rep: AuditReport) -> str:
             f"{rep.batch_shape}. Numbers: {rep.provenance}. Generated {rep.created_at}.")
 
 
+def speedup_text(rep: AuditReport) -> str:
+    """The measured speedup with its interval; "no significant change" first when the interval contains 1.0."""
+    return rep.measured_interval.headline() if rep.measured_interval else f"{rep.measured_speedup:.2f}x (no interval)"
+
+
+def _stop_text(rep: AuditReport) -> str:
+    return f"; repeats stopped: {rep.bench_stop_reason}" if rep.bench_stop_reason else ""
+
+
+def _predicted_text(rep: AuditReport) -> str:
+    """The predicted range and confidence, and where they came from (the model, scaled by history or not)."""
+    cal = rep.calibration
+    src = "modelled from the waste budget"
+    if cal is not None and cal.applied:
+        src += f", scaled by the record of {cal.audits} measured audit{'s' if cal.audits != 1 else ''}"
+    text = (f"Predicted {rep.predicted_low:.2f}x–{rep.predicted_high:.2f}x ({src}), confidence {rep.confidence:.2f} "
+            f"(evidence coverage {rep.evidence_coverage:.2f} × rule consistency {rep.rule_consistency:.2f}"
+            f"{'' if cal is None or not cal.applied else f' × record {cal.confidence_factor:.2f}'}).")
+    return text + (f" {cal.note()}" if cal is not None else "")
+
+
 def render_markdown(rep: AuditReport, chart_name: str | None = None) -> str:
     """The report as GitHub-flavoured markdown (renders in Dagster's metadata view)."""
     u = _unit(rep)
     out = [f"# Goblin audit: {rep.workload}", ""]
-    out += [f"**Measured speedup: {rep.measured_speedup:.2f}x** ({rep.baseline_throughput:.1f} → "
-            f"{rep.patched_throughput:.1f} {u}, median of {rep.repeats} alternating repeats of "
-            f"{rep.steps} steps each, no profiler on timed steps). "
-            f"Predicted {rep.predicted_low:.2f}x–{rep.predicted_high:.2f}x (modelled from the waste budget), "
-            f"confidence {rep.confidence:.2f} (evidence coverage {rep.evidence_coverage:.2f} × rule consistency "
-            f"{rep.rule_consistency:.2f}).", ""]
+    out += [f"**Measured speedup: {speedup_text(rep)}** ({rep.baseline_throughput:.1f} → "
+            f"{rep.patched_throughput:.1f} {u}, medians of {rep.repeats} alternating repeats of "
+            f"{rep.steps} steps each, no profiler on timed steps{_stop_text(rep)}). {_predicted_text(rep)}", ""]
+    if rep.measured_interval is not None:
+        out += [f"How the speedup was measured: {rep.measured_interval.method}.", ""]
     if rep.unit == "tokens":
         out += ["Throughput counts real (non-padding) tokens: a patch that removes padding computes fewer "
                 "positions per step, so tokens/s with the pad included would understate its gain.", ""]
     if chart_name:
         out += [f"![waste budget and throughput]({chart_name})", ""]
+    out += rep.nonfinite_markdown
     out += ["## Throughput (measured)", "", f"| run | {u} (median) | spread (max−min) | step time (profiled) |",
             "|---|---|---|---|",
             f"| original | {rep.baseline_throughput:.1f} | {rep.baseline_spread:.1f} | "
@@ -326,6 +490,8 @@ def render_markdown(rep: AuditReport, chart_name: str | None = None) -> str:
     if rep.cache_hits:
         out += [f"Replayed from the benchmark cache (measured earlier, same config, script, image tag and runner "
                 f"code): {', '.join(rep.cache_hits)}.", ""]
+    if rep.reconciliation:
+        out += ["## Profiled vs benchmarked", "", *[f"- {n}" for n in rep.reconciliation], ""]
     if rep.metrics:
         out += ["## Side by side (profiled runs)", "", "| metric | original | patched |", "|---|---|---|"]
         out += [f"| {r.metric} | {_num(r.before, r.unit)} | {_num(r.after, r.unit)} |" for r in rep.metrics]
@@ -420,13 +586,15 @@ def render_html(rep: AuditReport) -> str:
         f"<title>Goblin audit: {_e(rep.workload)}</title><style>{_CSS}</style></head><body>",
         f"<h1>Goblin audit: {_e(rep.workload)}</h1>",
         f'<p class="muted">{_e(rep.model)} · {_e(rep.device)} · generated {_e(rep.created_at)}</p>',
-        f'<p class="headline"><b>Measured speedup {rep.measured_speedup:.2f}x</b> '
-        f"({rep.baseline_throughput:,.1f} → {rep.patched_throughput:,.1f} {_e(u)}, median of {rep.repeats} "
-        f"alternating repeats of {rep.steps} steps, no profiler on timed steps). Predicted "
-        f"{rep.predicted_low:.2f}x–{rep.predicted_high:.2f}x from the waste budget; confidence "
-        f"{rep.confidence:.2f} = evidence coverage {rep.evidence_coverage:.2f} × rule consistency "
-        f"{rep.rule_consistency:.2f}.</p>",
+        f'<p class="headline"><b>Measured speedup: {_e(speedup_text(rep))}</b> '
+        f"({rep.baseline_throughput:,.1f} → {rep.patched_throughput:,.1f} {_e(u)}, medians of {rep.repeats} "
+        f"alternating repeats of {rep.steps} steps, no profiler on timed steps{_e(_stop_text(rep))}). "
+        f"{_e(_predicted_text(rep))}</p>",
     ]
+    if rep.nonfinite_html:
+        parts.append(rep.nonfinite_html)
+    if rep.measured_interval is not None:
+        parts.append(f'<p class="muted">How the speedup was measured: {_e(rep.measured_interval.method)}.</p>')
     if rep.unit == "tokens":
         parts.append('<p class="muted">Throughput counts real (non-padding) tokens: a patch that removes padding '
                      "computes fewer positions per step, so tokens/s with the pad included would understate it.</p>")
@@ -440,6 +608,9 @@ def render_html(rep: AuditReport) -> str:
               f"<figcaption class=\"muted\">Throughput ({_e(u)}); dots are the repeats, dashed lines the "
               "predicted range."
               "</figcaption></figure>", "</div>"]
+    if rep.reconciliation:
+        parts += ["<h2>Profiled vs benchmarked</h2><ul>", *[f"<li>{_e(n)}</li>" for n in rep.reconciliation],
+                  "</ul>"]
     parts += ["<h2>Side by side (profiled runs)</h2>", "<table><tr><th>metric</th><th>original</th>"
               "<th>patched</th></tr>"]
     parts += [f"<tr><td>{_e(r.metric)}</td><td>{_e(_num(r.before, r.unit))}</td><td>{_e(_num(r.after, r.unit))}"
@@ -548,10 +719,13 @@ class ReplayReport(BaseModel):
     baseline_throughput: float | None = None
     patched_throughput: float | None = None
     measured_speedup: float | None = None
+    measured_interval: SpeedupInterval | None = None
+    calibration: Calibration | None = None
     markdown: str
 
 
-def replay_report(before: RunMetrics, patch: Patch, config: ConfigDict, model: str = "") -> ReplayReport:
+def replay_report(before: RunMetrics, patch: Patch, config: ConfigDict, model: str = "",
+                  calibration: Calibration | None = None) -> ReplayReport:
     """The report of an audit whose run was replayed (pure function).
 
     Parameters
@@ -564,10 +738,14 @@ def replay_report(before: RunMetrics, patch: Patch, config: ConfigDict, model: s
         The parsed config (batch size and sequence length for the footer).
     model : str
         A human-readable model name.
+    calibration : Calibration, optional
+        The patch's prediction scaled by its rules' record (default: the
+        model's prediction unscaled).
 
     Units: step times in ms, throughputs in the run's ``throughput_unit``.
     """
     kind, u = before.provenance.kind, before.throughput_unit
+    cal = calibration or calibrate(patch, None)
     source = before.provenance.source
     rows = [("step time (median)", f"{(before.step_time_s or 0) * 1e3:.1f} ms"),
             (u, f"{before.throughput or 0:,.1f}"), ("MFU", f"{before.mfu_pct or 0:.1f} %"),
@@ -576,8 +754,9 @@ def replay_report(before: RunMetrics, patch: Patch, config: ConfigDict, model: s
     out = [f"# Goblin audit: {before.workload} ({kind}, nothing measured by this run)", "",
            f"**Measured speedup: not observable.** Every number below is {kind}, from the recording "
            f"`{source}`. A benchmark needs timed runs of the original and the patched workload, and a replay runs "
-           f"nothing. Predicted {patch.expected_speedup_low:.2f}x–{patch.expected_speedup_high:.2f}x (modelled "
-           f"from the {kind} waste budget), confidence {patch.confidence:.2f}.", "",
+           f"nothing. Predicted {cal.low:.2f}x–{cal.high:.2f}x (modelled from the {kind} waste budget"
+           f"{', scaled by measured audits' if cal.applied else ''}), confidence {cal.confidence:.2f}. "
+           f"{cal.note()}", "",
            f"## Recorded run ({kind})", "", "| metric | value |", "|---|---|", *[f"| {k} | {v} |" for k, v in rows],
            "", f"## Waste budget per step ({kind})", "", "| bucket | ms/step | status |", "|---|---|---|",
            *[f"| {k} | {b.seconds * 1e3:.2f} | {b.status} |" for k, b in before.waste_budget.items()],
@@ -591,5 +770,5 @@ def replay_report(before: RunMetrics, patch: Patch, config: ConfigDict, model: s
     out += ["---", f"Workload `{before.workload}`, model {model or config.model_name or 'unknown'}, "
                    f"batch_size={config.batch_size}, seq_len={config.seq_len}. Numbers: {kind} ({source})."]
     return ReplayReport(workload=before.workload, unit=before.unit, provenance=kind, source=source,
-                        predicted_low=patch.expected_speedup_low, predicted_high=patch.expected_speedup_high,
-                        confidence=patch.confidence, markdown="\n".join(out) + "\n")
+                        predicted_low=cal.low, predicted_high=cal.high, confidence=cal.confidence, calibration=cal,
+                        markdown="\n".join(out) + "\n")

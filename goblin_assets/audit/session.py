@@ -53,9 +53,11 @@ from pydantic import ValidationError
 
 from goblin_assets import goblin_home
 from goblin_assets.audit.benchmark import benchmark
+from goblin_assets.audit.calibration import Calibration, calibrate
 from goblin_assets.audit.config import parse_config
 from goblin_assets.audit.kb import KnowledgeBase, detect_context, load_kb, match_rules
 from goblin_assets.audit.changeset import ChangeSet
+from goblin_assets.audit.evidence import NonfiniteEvidence, nonfinite_evidence
 from goblin_assets.audit.patch import edit_source, propose_patch, unified_diff, write_changes
 from goblin_assets.audit.profile import profile_run, timed_metrics
 from goblin_assets.audit.report import (
@@ -66,7 +68,7 @@ from goblin_assets.contracts import (
     CONFIG_FIELDS, BenchmarkResult, ConfigDict, Patch, RuleMatch, RunMetrics, WasteBucket,
 )
 from goblin_assets.errors import GoblinError, RunFailed
-from goblin_assets.host import HostFacts, current_host
+from goblin_assets.host import HostFacts, current_host, for_interpreter, keyword_names
 from goblin_assets.redact import redact
 from goblin_assets.runners.base import Runner
 from goblin_assets.runners.factory import make_runner, runner_for
@@ -81,6 +83,12 @@ Log = Callable[[str], None]
 #: The stages of an audit, in the order a full audit runs them (each is a method of AuditSession and an asset).
 STAGES: tuple[str, ...] = ("training_config", "profile_run", "waste_budget", "tensor_sketches", "mined_patterns",
                            "kb_index", "kb_matches", "patch", "benchmarks", "patched_run", "audit_report")
+
+#: Unrecorded optimizer steps before a sketch recording (the evidence numbers training steps from it).
+SKETCH_WARMUP = 1
+
+#: Stages that run the user's program as written: when one fails, the audit fails and its report says so.
+RUNS_OF_THE_ORIGINAL: tuple[str, ...] = ("profile_run", "tensor_sketches", "benchmarks")
 
 #: Distributions whose installed version decides which config keys a patch may write (version-gated keys).
 PATCH_PACKAGES: tuple[str, ...] = ("transformers", "torch", "peft", "trl")
@@ -120,6 +128,7 @@ class AuditSession:
     log: Log = field(default=lambda _: None, repr=False)
     kb: KnowledgeBase | None = field(default=None, repr=False)
     cached_embeddings: pd.DataFrame | None = field(default=None, repr=False)
+    history: pd.DataFrame | None = field(default=None, repr=False)
     overrides: dict[str, Any] = field(default_factory=dict)
     whatif_diff: str = ""
     results: dict[str, Any] = field(default_factory=dict, repr=False)
@@ -132,7 +141,8 @@ class AuditSession:
     def open(cls, workload: Workload, *, settings: AuditSettings | None = None, runner: Runner | None = None,
              kb: KnowledgeBase | None = None, host: HostFacts | None = None, token: str | None = None,
              audit_id: str | None = None, out_dir: Path | None = None, log: Log | None = None,
-             cached_embeddings: pd.DataFrame | None = None, **seeds: Any) -> AuditSession:
+             cached_embeddings: pd.DataFrame | None = None, history: pd.DataFrame | None = None,
+             **seeds: Any) -> AuditSession:
         """A session for ``workload``.
 
         Parameters
@@ -155,6 +165,11 @@ class AuditSession:
         cached_embeddings
             Rows of the ``kb_embeddings`` table for this KB version, when the
             caller read them from the warehouse (the index is then not encoded).
+        history
+            Rows of the ``audits`` table the caller read from the warehouse
+            (:data:`goblin_assets.audit.calibration.HISTORY_SQL`): the applied
+            rules' measured record scales the predicted range and confidence
+            (:meth:`calibration`).  None: the model's prediction unscaled.
         **seeds
             Stage results computed elsewhere, by stage name (e.g. ``profile_run=m``).
 
@@ -164,20 +179,25 @@ class AuditSession:
             A replay workload's ``environment.yaml`` is not a mapping.
         RunnerError
             The runner cannot be built (unknown kind or setting).
+        InterpreterError
+            The job's interpreter (``settings.python`` or the workload's
+            ``python:``) does not run; its package versions are the host's.
         """
         settings = settings or AuditSettings.from_env()
-        runner = runner_for(workload, runner or make_runner(settings.kind, **settings.runner_settings()))
+        runner = runner_for(workload, runner or make_runner(
+            settings.kind, **settings.runner_settings(python=workload.interpreter)))
         if host is None:
             recorded = workload.recorded_environment() if workload.replay else None
             host = (HostFacts.from_recording(recorded, workload.root / (workload.environment or ""))
-                    if recorded is not None else current_host())
+                    if recorded is not None else for_interpreter(current_host(), getattr(runner, "python", None)))
         aid = audit_id or make_audit_id(workload.name, token)
         unknown = sorted(set(seeds) - set(STAGES))
         if unknown:
             raise ValueError(f"unknown stage(s) {', '.join(unknown)}; the stages are {', '.join(STAGES)}")
         return cls(workload=workload, settings=settings, runner=runner, host=host, audit_id=aid,
                    out_dir=out_dir or goblin_home() / "audits" / aid, log=log or (lambda _: None), kb=kb,
-                   cached_embeddings=cached_embeddings, results={k: v for k, v in seeds.items() if v is not None})
+                   cached_embeddings=cached_embeddings, history=history,
+                   results={k: v for k, v in seeds.items() if v is not None})
 
     @property
     def replay(self) -> bool:
@@ -186,8 +206,36 @@ class AuditSession:
 
     def _memo(self, stage: str, compute: Callable[[], Any]) -> Any:
         if stage not in self.results:
-            self.results[stage] = compute()
+            try:
+                self.results[stage] = compute()
+            except RunFailed as exc:
+                if stage not in RUNS_OF_THE_ORIGINAL:
+                    raise
+                path = self._failure_report(stage, exc)
+                raise RunFailed(f"{exc}\nreport: {path}", exc.metrics) from None
         return self.results[stage]
+
+    def _failure_report(self, stage: str, exc: RunFailed) -> Path:
+        """Write ``report.md`` saying the original program failed in ``stage``, why, and what was not run."""
+        m = exc.metrics
+        first, _, _ = str(exc).partition("\n--- stderr")
+        lines = [f"# Goblin audit: {self.workload.name} (the original program failed)", "",
+                 f"**The audit stopped at `{stage}`: your program failed as written, before any patch.** "
+                 f"{redact(first)}", "",
+                 "Nothing was benchmarked and no rule was applied: a patch is only measured against an original "
+                 "that runs. Fix the failure (or audit a configuration that runs) and audit again.", ""]
+        tail = (getattr(m, "stderr_tail", "") or "").strip()
+        if tail:
+            lines += ["## The end of its stderr", "", "```", redact(tail[-2000:]), "```", ""]
+        done = [st for st in STAGES if st in self.results]
+        lines += ["## Stages", "", f"Completed: {', '.join(done) or 'none'}; failed: {stage}.", "",
+                  "---", f"Workload `{self.workload.name}` ({self.workload.script}), interpreter "
+                  f"{getattr(self.runner, 'python', None) or 'goblin'}, runner {self.runner.kind}."]
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        path = self.out_dir / "report.md"
+        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        self.results["report_path"] = path
+        return path
 
     def rules(self) -> KnowledgeBase:
         """The knowledge base (loaded on first use).  Raises KBError."""
@@ -199,6 +247,10 @@ class AuditSession:
     def cores(self) -> int:
         """CPU cores of the job (the ``cores`` name of detect conditions and fix expressions)."""
         return self.host.cores or self.host.affinity_cpus or self.host.online_cpus or 1
+
+    def packages_seen(self) -> dict[str, str | None]:
+        """The package versions of the job's environment the audit knows (interpreter or recording), by name."""
+        return {**{p: self.host.package(p) for p in PATCH_PACKAGES}, **self.host.packages}
 
     def packages(self) -> dict[str, str | None]:
         """Versions of the libraries that gate config keys (:data:`PATCH_PACKAGES`), from the host facts."""
@@ -254,7 +306,7 @@ class AuditSession:
 
             self.log(f"tensor_sketches: tapping forward matmuls for {self.settings.sketch_steps} steps")
             rec = record_sketches(self.workload, self.runner, steps=self.settings.sketch_steps,
-                                  run_id=f"{self.audit_id}-sketch")
+                                  warmup=SKETCH_WARMUP, run_id=f"{self.audit_id}-sketch")
             self.results["sketch_run"] = timed_metrics(rec.raw, self.workload, self.host)
             self.log(f"tensor_sketches: {len(rec.rows)} rows from {rec.rows['site'].nunique()} sites")
             return rec.rows
@@ -315,7 +367,8 @@ class AuditSession:
         def propose() -> Patch:
             p = propose_patch(self.training_config(), self.rules(), self.kb_matches(), self.profile_run(),
                               cores=self.cores(), workload_root=self.workload.root, out_dir=self.out_dir,
-                              source=self.workload.config_file, packages=self.packages())
+                              source=self.workload.config_file, packages=self.packages(),
+                              signatures=self.signatures)
             p = self._validated(p)
             self.out_dir.mkdir(parents=True, exist_ok=True)
             (self.out_dir / "patch.diff").write_text(p.diff, encoding="utf-8")
@@ -334,10 +387,14 @@ class AuditSession:
             {"rules": [a.rule_id for a in p.applied], "ok": raw.ok, "failure": raw.failure})
         return None if raw.ok else raw.failure
 
+    def signatures(self, dotted: str) -> list[str] | None:
+        """Keyword names of ``dotted`` in the job's interpreter (the user's installed library decides)."""
+        return keyword_names(dotted, getattr(self.runner, "python", None))
+
     def _written(self, cs: ChangeSet, out_dir: Path) -> Patch:
         """``cs`` written into a copy of the workload under ``out_dir`` (see :func:`write_changes`)."""
         return write_changes(self.training_config(), cs, self.workload.config_file, self.packages(),
-                             self.workload.root, out_dir)
+                             self.workload.root, out_dir, self.signatures)
 
     def _validated(self, p: Patch) -> Patch:
         """``p`` after validation: culprit rules dropped, each with the child's own error line.
@@ -398,15 +455,15 @@ class AuditSession:
                 self.log(f"benchmarks: {self.not_observable['benchmarks']}")
                 return None
             s, p = self.settings, self.patch()
-            self.log(f"benchmarks: {s.bench_repeats} alternating repeats of {s.bench_steps} steps, baseline and "
-                     f"patched")
+            self.log(f"benchmarks: at least {s.bench_repeats} alternating repeats of {s.bench_steps} steps, baseline "
+                     f"and patched (more within {s.bench_budget_s:g} s until the speedup's interval decides)")
             arms = {
                 "baseline": {"config": self.training_config().values(), "script": self.workload.script},
                 "patched": {"config": p.new_config, "script": Path(p.patched_file or self.workload.script),
                             "env": p.env, "unset_env": p.unset_env},
             }
             return benchmark(self.workload, self.runner, arms, steps=s.bench_steps, repeats=s.bench_repeats,
-                             warmup=s.warmup_steps, log=self.log)
+                             warmup=s.warmup_steps, budget_s=s.bench_budget_s, log=self.log)
         return self._memo("benchmarks", bench)
 
     def patched_run(self) -> RunMetrics | None:
@@ -428,14 +485,29 @@ class AuditSession:
             bench, after = self.benchmarks(), self.patched_run()
             self.out_dir.mkdir(parents=True, exist_ok=True)
             if bench is None or after is None:
-                rep = replay_report(before, p, cfg, model=self.workload.model)
+                rep = replay_report(before, p, cfg, model=self.workload.model, calibration=self.calibration())
                 (self.out_dir / "report.md").write_text(rep.markdown, encoding="utf-8")
                 self.results["report_path"] = self.out_dir / "report.md"
             else:
-                rep = compare_runs(before, after, bench, p, cfg, model=self.workload.model)
+                rep = compare_runs(before, after, bench, p, cfg, model=self.workload.model,
+                                   calibration=self.calibration(), nonfinite=self.nonfinite())
                 self.results["report_path"] = write_report(rep, self.out_dir)
             return rep
         return self._memo("audit_report", report)
+
+    def nonfinite(self) -> NonfiniteEvidence | None:
+        """Where NaN/inf appeared (mined sketches, the parameters' check) and the likely precision cause; None if
+        nothing was non-finite (memoised; audit/evidence.py)."""
+        return self._memo("nonfinite", lambda: nonfinite_evidence(
+            self.mined_patterns(), self.profile_run(), self.training_config(), sketch_warmup=SKETCH_WARMUP))
+
+    def calibration(self) -> Calibration:
+        """The patch's predicted range and confidence scaled by its rules' record in :attr:`history` (memoised).
+
+        Pure given the rows passed to :meth:`open` (the session never opens the
+        warehouse); equal to the model's prediction without history.
+        """
+        return self._memo("calibration", lambda: calibrate(self.patch(), self.history))
 
     @property
     def report_path(self) -> Path | None:
@@ -502,14 +574,24 @@ class AuditSession:
         for stage in (*STAGES[:9], "audit_report"):
             for table, df in self.rows(stage).items():
                 out.setdefault(table, []).append(df)
-        return {t: dfs[0] if len(dfs) == 1 else pd.concat([d for d in dfs if not d.empty] or dfs[:1],
-                                                           ignore_index=True) for t, dfs in out.items()}
+        # several stages write small frames of one table (runs, kernels, waste_budget): joined as records, so
+        # that a column empty in one of them (a None field) never decides the joined column's dtype
+        return {t: dfs[0] if len(dfs) == 1 else pd.DataFrame([r for d in dfs for r in d.to_dict("records")],
+                                                             columns=dfs[0].columns) for t, dfs in out.items()}
 
     def to_json(self) -> dict[str, Any]:
         """The ``goblin audit --json`` object (keys are a contract: extend, never rename).
 
         For a replay, ``patched`` is None, ``benchmark`` is empty,
         ``measured_speedup`` is None and ``not_observable`` says why.
+        ``measured_speedup_interval`` is the measured speedup's interval
+        (:class:`~goblin_assets.audit.benchmark.SpeedupInterval`: ``point``,
+        ``low``, ``high``, ``level``, ``pairs``, ``paired``, ``method``,
+        ``verdict``, which reads "no significant change" when the interval
+        contains 1.0; None for a replay); ``predicted_speedup`` is the
+        prediction the report shows (calibrated by the rules' record when
+        :attr:`history` has one), ``predicted_speedup_model`` the waste-budget
+        model's own, ``calibration`` how one became the other.
         """
         rep, p, after, bench = self.audit_report(), self.patch(), self.patched_run(), self.benchmarks() or {}
         return {
@@ -520,7 +602,11 @@ class AuditSession:
             "patched": json.loads(after.model_dump_json()) if after is not None else None,
             "benchmark": {k: json.loads(v.model_dump_json(exclude={"metrics"})) for k, v in bench.items()},
             "measured_speedup": rep.measured_speedup,
+            "measured_speedup_interval": (json.loads(rep.measured_interval.model_dump_json())
+                                          if getattr(rep, "measured_interval", None) is not None else None),
             "predicted_speedup": [rep.predicted_low, rep.predicted_high],
+            "predicted_speedup_model": [p.expected_speedup_low, p.expected_speedup_high],
+            "calibration": json.loads(self.calibration().model_dump_json()),
             "confidence": rep.confidence,
             "rules": [a.rule_id for a in p.applied],
             "fired_rules": [m.rule_id for m in self.kb_matches() if m.fired],
@@ -529,8 +615,10 @@ class AuditSession:
             "report_path": str(self.report_path),
             "provenance": self.profile_run().provenance.kind,
             "host": {"source": self.host.source, "cores": self.cores(),
-                     "cpu_bf16_matmul": self.host.cpu_bf16_matmul, "devices": self.host.devices},
+                     "cpu_bf16_matmul": self.host.cpu_bf16_matmul, "devices": self.host.devices,
+                     "python": getattr(self.runner, "python", None), "packages": self.packages_seen()},
             "patch_validation": self.results.get("patch_validation", []),
+            "nonfinite": self.nonfinite().to_json() if self.nonfinite() is not None else None,
             "not_observable": dict(self.not_observable),
         }
 
@@ -588,7 +676,8 @@ class AuditSession:
             self.variants[key] = AuditSession(
                 workload=self.workload.model_copy(update={"root": copy}), settings=self.settings, runner=self.runner,
                 host=self.host, audit_id=f"{self.audit_id}-whatif-{hashlib.sha256(key.encode()).hexdigest()[:6]}",
-                out_dir=out, log=self.log, kb=self.kb, cached_embeddings=self.cached_embeddings, overrides=changes,
+                out_dir=out, log=self.log, kb=self.kb, cached_embeddings=self.cached_embeddings, history=self.history,
+                overrides=changes,
                 whatif_diff=unified_diff(original, edited, rel), results=(
                     {"kb_index": self.results["kb_index"]} if "kb_index" in self.results else {}))
         return self.variants[key]

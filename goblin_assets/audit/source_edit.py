@@ -22,6 +22,7 @@ from __future__ import annotations
 import ast
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -35,6 +36,7 @@ from goblin_assets.audit.config_map import INEXPRESSIBLE, Found, detect_tool, ma
 from goblin_assets.audit.config_python import analyse_python
 from goblin_assets.audit.config_shell import scan_text
 from goblin_assets.audit.config_tree import flatten_json, flatten_yaml
+from goblin_assets.contracts import KeywordEdit
 from goblin_assets.audit.kb import version_at_least
 from goblin_assets.errors import ConfigParseError, PatchError
 
@@ -265,6 +267,15 @@ class SourceWriter(Protocol):
     def companion(self, edit: CompanionEdit) -> None:
         """Add the code ``edit`` says a value needs (e.g. a padding collator)."""
 
+    def keyword_edit(self, edit: KeywordEdit, signatures: Callable[[str], list[str] | None]) -> None:
+        """Set ``edit``'s keyword in the calls it names, under the first of its names the library accepts.
+
+        ``signatures(edit.signature)`` is the keyword list of that callable in
+        the user's interpreter (None: it could not be read), asked only when
+        the file makes such a call.  Raises PatchError when a call to edit
+        exists and no accepted name can state the value.
+        """
+
     def finish(self) -> None:
         """Turn what was collected into edits of ``doc.edits``."""
 
@@ -313,6 +324,9 @@ class TextWriter:
 
     def companion(self, edit: CompanionEdit) -> None:
         """Companion edits are Python code; other formats leave them to the tool."""
+
+    def keyword_edit(self, edit: KeywordEdit, signatures: Callable[[str], list[str] | None]) -> None:
+        """Keyword edits are arguments of Python calls; other formats have none."""
 
     def finish(self) -> None:
         pass

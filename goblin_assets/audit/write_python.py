@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Callable
 from typing import Any
 
 from goblin_assets.audit import fields as F
@@ -10,6 +11,7 @@ from goblin_assets.audit.changeset import CompanionEdit
 from goblin_assets.audit.config_map import INEXPRESSIBLE, render_value
 from goblin_assets.audit.config_python import dotted
 from goblin_assets.audit.source_edit import Document, TextWriter, packages_ok, render_literal
+from goblin_assets.contracts import KeywordEdit
 from goblin_assets.errors import PatchError
 
 _IMPORT_NODES = (ast.Import, ast.ImportFrom)
@@ -176,6 +178,34 @@ class PythonWriter(TextWriter):
             return
         why = "; ".join(tried) or "no known place for it"
         raise PatchError(f"no place to write {fld} in this Python script ({why})")
+
+    def keyword_edit(self, edit: KeywordEdit, signatures: Callable[[str], list[str] | None]) -> None:
+        """Set ``edit``'s keyword in every call it names, under the first of its names the library accepts.
+
+        A call that already passes one of ``edit.names`` has that value
+        rewritten; otherwise the keyword is added.  No such call: nothing to
+        do.  Raises PatchError when a call exists and ``accepted`` (the
+        signature's keywords in the user's interpreter, asked only now) is None or holds none
+        of the names: the edit is never written blind.
+        """
+        calls = self.find_calls(edit.call)
+        if not calls:
+            return
+        accepted = signatures(edit.signature)
+        if accepted is None:
+            raise PatchError(f"{edit.signature} cannot be inspected in the job's interpreter, so the keyword "
+                             f"{' / '.join(edit.names)} cannot be checked")
+        name = next((n for n in edit.names if n in accepted), None)
+        if name is None:
+            raise PatchError(f"the installed {edit.signature} accepts none of {', '.join(edit.names)}")
+        value = repr(edit.value)
+        for call in calls:
+            given = next((kw for kw in call.keywords if kw.arg in edit.names), None)
+            if given is None:
+                self.add_keyword(call, name, value)
+            elif ast.unparse(given.value) != value:
+                a, b = self.t.node_offsets(given.value)
+                self.edits.add(a, b, value)
 
     def companion(self, edit: CompanionEdit) -> None:
         """Pass ``edit.template`` to the first consumer call the script makes, and import it."""

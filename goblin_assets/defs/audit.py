@@ -14,6 +14,7 @@ import pandas as pd
 from dagster_pandera import pandera_schema_to_dagster_type
 
 from goblin_assets import workloads_root
+from goblin_assets.audit.calibration import HISTORY_SQL
 from goblin_assets.audit.kb import KnowledgeBase, load_kb
 from goblin_assets.audit.report import report_markdown
 from goblin_assets.audit.retrieval import MODEL_NAME, KBIndex
@@ -178,16 +179,18 @@ def kb_matches(context: dg.AssetExecutionContext, workload_source: Workload, tra
 @dg.asset(group_name="patches", **_AUTO, **_KW)
 def patch(context: dg.AssetExecutionContext, workload_source: Workload, training_config: ConfigDict,
           kb_rules: KnowledgeBase, kb_matches: list[RuleMatch], profile_run: RunMetrics,
-          runner: RunnerResource) -> Patch:
-    """The fired rules applied to the config and to the user's own file, as a unified diff."""
+          runner: RunnerResource, warehouse: WarehouseResource) -> Patch:
+    """The fired rules applied to the config and to the user's own file, as a unified diff; the predicted speedup scaled by the rules' measured record in `audits`."""
     s = audit_session(context, workload_source, runner, kb=kb_rules, training_config=training_config,
-                      kb_matches=kb_matches, profile_run=profile_run)
-    p = s.patch()
+                      kb_matches=kb_matches, profile_run=profile_run, history=warehouse.query(HISTORY_SQL))
+    p, cal = s.patch(), s.calibration()
     context.add_output_metadata({
         "diff": dg.MetadataValue.md(f"```diff\n{redact(p.diff)}\n```"),
         "rules": dg.MetadataValue.json([a.rule_id for a in p.applied]),
         "dropped": dg.MetadataValue.json(p.dropped),
-        "predicted_speedup": f"{p.expected_speedup_low:.2f}x-{p.expected_speedup_high:.2f}x",
+        "predicted_speedup": f"{cal.low:.2f}x-{cal.high:.2f}x",
+        "predicted_speedup_model": f"{p.expected_speedup_low:.2f}x-{p.expected_speedup_high:.2f}x",
+        "calibration": cal.note(),
     })
     return p
 
@@ -227,7 +230,8 @@ def audit_report(context: dg.AssetExecutionContext, profile_run: RunMetrics,
     bench_p, after = benchmark_patched
     bench = {"baseline": benchmark_baseline, "patched": bench_p} if benchmark_baseline is not None else None
     s = audit_session(context, workload_source, runner, profile_run=profile_run, benchmarks=bench,
-                      patched_run=after, patch=patch, training_config=training_config)
+                      patched_run=after, patch=patch, training_config=training_config,
+                      history=warehouse.query(HISTORY_SQL))
     rep = s.audit_report()  # a replay's benchmarks are not observable: nothing runs
     png = s.out_dir / "report.png"
     md = report_markdown(rep, f"data:image/png;base64,{base64.b64encode(png.read_bytes()).decode()}"
@@ -237,6 +241,8 @@ def audit_report(context: dg.AssetExecutionContext, profile_run: RunMetrics,
                                  "provenance": profile_run.provenance.kind,
                                  "measured_speedup": dg.MetadataValue.float(rep.measured_speedup)
                                  if rep.measured_speedup is not None else dg.MetadataValue.null(),
+                                 "measured_speedup_interval": dg.MetadataValue.json(
+                                     rep.measured_interval.model_dump() if rep.measured_interval else None),
                                  "rules": dg.MetadataValue.json([a.rule_id for a in patch.applied])})
     return rep
 

@@ -1,13 +1,22 @@
 """Asset checks: pandera schemas on every table-shaped asset's warehouse rows, the waste-budget sum,
-and the KB's recall over the synthetic corpus.  All blocking: bad rows stop the stages downstream."""
+and the KB's verdicts on the synthetic corpus.
+
+Blocking checks stop the stages downstream of *their own partition* only: a
+scenario of the corpus (``synthetic/<name>``) is judged in its partition (its
+recording on ``workload_source``, its expected rules on ``kb_matches``), so a
+failed recording or a KB miss in one scenario never stops another scenario or
+a runnable workload.  The corpus summary on ``kb_rules`` (upstream of every
+partition) is not blocking: it names the failing scenarios and never raises.
+"""
 
 import warnings
+from pathlib import Path
 
 import dagster as dg
 import pandas as pd
 import pandera.errors
 
-from goblin_assets.contracts import RunMetrics
+from goblin_assets.contracts import RuleMatch, RunMetrics
 from goblin_assets.defs.partitions import workloads_partitions
 from goblin_assets.defs.resources import POOL, WarehouseResource
 from goblin_assets.warehouse.tables import TABLES, schema
@@ -94,18 +103,84 @@ def waste_budget_sums_to_step_time(waste_budget: dict, profile_run: RunMetrics) 
     })
 
 
-@dg.asset_check(asset="kb_rules", blocking=True,
-                description="Every synthetic-corpus scenario, replayed, fires the rules it must and none it must not.")
+def _scenario(context: dg.AssetCheckExecutionContext) -> tuple[Path, dict] | dg.AssetCheckResult:
+    """``(folder, expectations)`` of the partition's corpus scenario, or the check's result when there is none to
+    judge: passed for a partition that is not a scenario (no expected_findings.yaml), failed (with the reason)
+    for expectations that do not parse."""
+    from goblin_assets import workloads_root
+    from goblin_assets.audit.corpus import ScenarioError, expectations, is_scenario
+
+    folder = workloads_root() / context.partition_key
+    if not is_scenario(folder):
+        return dg.AssetCheckResult(passed=True, metadata={
+            "status": f"{context.partition_key} is not a corpus scenario (no expected_findings.yaml): nothing to "
+                      f"judge"})
+    try:
+        return folder, expectations(folder)
+    except ScenarioError as exc:
+        return dg.AssetCheckResult(passed=False, metadata={"scenario": folder.name, "reason": str(exc)})
+
+
+@dg.asset_check(asset="workload_source", blocking=True, partitions_def=workloads_partitions,
+                description="A corpus scenario's files can be replayed: its expected_findings.yaml parses and its "
+                            "recording (cached_metrics.json) is of a run that succeeded.  Other workloads pass.")
+def scenario_recording(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
+    """Fails this partition alone when its scenario cannot be replayed (the reason names the file); never raises."""
+    from goblin_assets.audit.corpus import recording_problem
+
+    found = _scenario(context)
+    if isinstance(found, dg.AssetCheckResult):
+        return found
+    folder, spec = found
+    problem = recording_problem(folder)
+    return dg.AssetCheckResult(passed=problem is None, metadata={
+        "scenario": folder.name, "reason": problem or "replayable", "must_fire": dg.MetadataValue.json(
+            spec["must_fire"])})
+
+
+@dg.asset_check(asset="kb_matches", blocking=True, partitions_def=workloads_partitions,
+                description="A corpus scenario fires every rule of its expected_findings.yaml `must_fire` and none "
+                            "of `must_not_fire`.  Other workloads pass.")
+def scenario_expected_findings(context: dg.AssetCheckExecutionContext,
+                               kb_matches: list[RuleMatch]) -> dg.AssetCheckResult:
+    """This partition's fired rules against its own scenario's expectations (the failing rules named)."""
+    from goblin_assets.audit.corpus import judge, verdict_line
+
+    found = _scenario(context)
+    if isinstance(found, dg.AssetCheckResult):
+        return found
+    folder, spec = found
+    fired = {m.rule_id for m in kb_matches if m.fired}
+    missing, forbidden = judge(spec, fired)
+    verdict = {"passed": not missing and not forbidden, "missing": missing, "forbidden": forbidden, "error": None}
+    return dg.AssetCheckResult(passed=verdict["passed"], metadata={
+        "scenario": folder.name, "reason": verdict_line(verdict), "missing": dg.MetadataValue.json(missing),
+        "forbidden": dg.MetadataValue.json(forbidden), "fired": dg.MetadataValue.json(sorted(fired))})
+
+
+@dg.asset_check(asset="kb_rules", blocking=False,
+                description="Summary over the synthetic corpus: every scenario, replayed, fires the rules it must "
+                            "and none it must not.  Names the failing scenarios; passes when there is no corpus; "
+                            "not blocking (each scenario's partition is judged by its own checks).")
 def kb_corpus_recall(kb_rules) -> dg.AssetCheckResult:
-    """Recall of the corpus's ``must_fire`` rules is 1.0 and no ``must_not_fire`` rule fires."""
+    """The corpus verdicts (:func:`goblin_assets.audit.corpus.corpus_recall`): passes when no scenario fails.
+
+    A failing scenario makes this summary fail with severity WARN and its name
+    and reason in the metadata (``failed``); nothing downstream waits on it.
+    """
     from goblin_assets.audit.corpus import corpus_recall
 
     res = corpus_recall(kb_rules)
-    bad = {k: v for k, v in res["per_scenario"].items() if v["missing"] or v["forbidden"]}
-    return dg.AssetCheckResult(passed=res["recall"] == 1.0 and not bad, metadata={
-        "recall": res["recall"], "scenarios": res["scenarios"], "expected_rules": res["expected"],
-        "failures": dg.MetadataValue.json(bad)})
+    failed = res["failed"]
+    return dg.AssetCheckResult(
+        passed=not failed, severity=dg.AssetCheckSeverity.WARN,
+        description=("no corpus scenario" if not res["scenarios"] else
+                     f"{len(failed)} of {res['scenarios']} scenarios failed: {', '.join(sorted(failed))}" if failed
+                     else f"all {res['scenarios']} scenarios pass"),
+        metadata={"recall": res["recall"] if res["recall"] is not None else dg.MetadataValue.null(),
+                  "scenarios": res["scenarios"], "expected_rules": res["expected"],
+                  "failed": dg.MetadataValue.json(failed)})
 
 
 AUDIT_CHECKS = [*(table_check(a, t, what) for (a, t), what in TABLE_ASSETS.items()), waste_budget_sums_to_step_time,
-                kb_corpus_recall]
+                scenario_recording, scenario_expected_findings, kb_corpus_recall]

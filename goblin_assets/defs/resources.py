@@ -41,8 +41,9 @@ class RunnerResource(dg.ConfigurableResource, ABC):
     """Where and how workloads run: the step budgets and limits of :class:`AuditSettings`, and the runner.
 
     ``device``: ``auto``, ``cpu`` or ``cuda`` (ROCm builds use the cuda API);
-    ``image_tag``: the ROCm container image the run belongs to; steps and
-    limits as :class:`goblin_assets.settings.AuditSettings` (seconds, GB).
+    ``image_tag``: the ROCm container image the run belongs to; steps,
+    limits and the job's interpreter (``python``) as
+    :class:`goblin_assets.settings.AuditSettings` (seconds, GB).
     """
 
     device: str = "auto"
@@ -51,9 +52,11 @@ class RunnerResource(dg.ConfigurableResource, ABC):
     profiled_steps: int = 10
     bench_steps: int = 20
     bench_repeats: int = 3
+    bench_budget_s: float = 120.0
     sketch_steps: int = 3
     timeout_s: float = 600.0
     mem_cap_gb: float | None = 16.0
+    python: str | None = None
 
     @property
     @abstractmethod
@@ -74,7 +77,8 @@ class RunnerResource(dg.ConfigurableResource, ABC):
 
         Raises RunnerError (a setting the runner does not take) or ToolMissingError (rocprofv3 missing).
         """
-        r = make_runner(self.kind, **self.settings().runner_settings(), **self.runner_options())
+        python = workload.interpreter if workload is not None else None
+        r = make_runner(self.kind, **self.settings().runner_settings(python=python), **self.runner_options())
         return runner_for(workload, r) if workload is not None else r
 
 

@@ -12,9 +12,13 @@
  * values agree to float32 rounding, not bit for bit (pinned by
  * tests/test_opscope_ckernel.py).
  *
- * Non-finite input: min/max below skip NaN, so goblin_finish_f32 returns -1 when
- * the total sum or sum of squares is not finite, and the caller uses the torch
- * path (NaN/inf propagate there as before).
+ * Non-finite input is data (sketches.py, module docstring): the min/max passes
+ * below skip a NaN, so when the total sum or sum of squares is not finite
+ * goblin_finish_f32 reads the tensor once more (nonfinite_pass) to count NaN,
+ * +inf and -inf and to mark the channels holding a NaN, and then gives the same
+ * values as the torch path (NaN min/max/chan_maxabs/chan_outlier, NaN hist
+ * bins).  A finite sum proves every element finite: the counts are then zero
+ * at no cost.
  *
  * Compiled by setuptools at install time (pyproject.toml ext-modules) with
  * -O3 -fno-math-errno -fno-trapping-math -fassociative-math -fno-signed-zeros
@@ -42,8 +46,15 @@
 enum {
     S_MIN = 1 << 0, S_MAX = 1 << 1, S_MEAN = 1 << 2, S_L1 = 1 << 3, S_SUMSQ = 1 << 4, S_NNZ = 1 << 5,
     S_KURT = 1 << 6, S_CHOUT = 1 << 7, S_HIST = 1 << 8, S_CHAN = 1 << 9, S_POS = 1 << 10,
-    S_ADJ = 1 << 11, S_FAR = 1 << 12, S_SAMPLE = 1 << 13
+    S_ADJ = 1 << 11, S_FAR = 1 << 12, S_SAMPLE = 1 << 13, S_NONFIN = 1 << 14
 };
+
+/* Interface version, checked by ckernel.py: a library built from an older source (other `want` bits,
+ * other outputs) is not used.  2: the nonfinite statistic. */
+int64_t goblin_sketch_abi(void)
+{
+    return 2;
+}
 
 /*
  * Rows [r0, r1) of a contiguous (R, C) float32 matrix x, in one pass:
@@ -162,6 +173,38 @@ static float sqdiff(const float *restrict a, const float *restrict b, int64_t C,
 }
 
 /*
+ * The slow path of non-finite input: x is a dense (A, C, N) block with A * N = R
+ * rows (N = cs: 1 for a contiguous (R, C) matrix), channel j of element
+ * (a, j, n).  Counts NaN, +inf and -inf into counts[0..2] and sets lo[j] and
+ * hi[j] to NaN for every channel holding a NaN (the min/max passes skip NaN;
+ * torch's amin/amax propagate it).
+ */
+static void nonfinite_pass(const float *restrict x, int64_t R, int64_t C, int64_t N,
+                           float *restrict lo, float *restrict hi, double *restrict counts)
+{
+    int64_t nan = 0, pinf = 0, ninf = 0;
+    const int64_t A = R / N;
+    for (int64_t a = 0; a < A; a++)
+        for (int64_t j = 0; j < C; j++) {
+            const float *restrict row = x + (a * C + j) * N;
+            int64_t cn = 0;
+            for (int64_t n = 0; n < N; n++) {
+                float v = row[n];
+                cn += isnan(v) != 0;
+                pinf += v == INFINITY;
+                ninf += v == -INFINITY;
+            }
+            if (cn) {
+                lo[j] = hi[j] = NAN;
+                nan += cn;
+            }
+        }
+    counts[0] = (double)nan;
+    counts[1] = (double)pinf;
+    counts[2] = (double)ninf;
+}
+
+/*
  * Every requested sketch of x (R rows of C float32 channels; channel j of a row
  * at row start + j * cs) from its exact tier (lo, hi (C,); rsum, rsq (R,), rows
  * in memory order), written to out (float64) in the order of sketches.STATS,
@@ -176,12 +219,13 @@ static float sqdiff(const float *restrict a, const float *restrict b, int64_t C,
  *   pos (n_pos,)             the `sample` elements.
  *
  * ys: scratch for the gathered shape sample, ss_count doubles (the caller's,
- * reused across calls: an allocation per call would page-fault).
- * Returns the number of values written, or -1 when the input holds a
- * non-finite value (the caller falls back to the torch path).
+ * reused across calls: an allocation per call would page-fault).  x must be
+ * the dense (R / cs, C, cs) block the exact tier was read from (the caller's
+ * plan guarantees it); lo and hi are rewritten for channels holding a NaN.
+ * Returns the number of values written.
  */
 int64_t goblin_finish_f32(const float *restrict x, int64_t R, int64_t C, int64_t cs,
-                          const float *restrict lo, const float *restrict hi,
+                          float *restrict lo, float *restrict hi,
                           const float *restrict rsum, const float *restrict rsq,
                           const int64_t *restrict rep, int64_t n_rep,
                           const int64_t *restrict adj, const int64_t *restrict adj2, int64_t n_adj,
@@ -196,8 +240,10 @@ int64_t goblin_finish_f32(const float *restrict x, int64_t R, int64_t C, int64_t
         total += rsum[i];
         sumsq += rsq[i];
     }
-    if (!isfinite(total) || !isfinite(sumsq))
-        return -1;
+    double counts[3] = {0.0, 0.0, 0.0};
+    if (!isfinite(total) || !isfinite(sumsq))   /* a NaN or inf, or finite values whose squares overflow */
+        nonfinite_pass(x, R, C, cs, lo, hi, counts);
+    const int has_nan = counts[0] > 0.0, has_inf = counts[1] > 0.0 || counts[2] > 0.0;
     float mn = lo[0], mx = hi[0], cmax = 0.f;
     double csum = 0.0;
     for (int64_t j = 0; j < C; j++) {
@@ -207,6 +253,8 @@ int64_t goblin_finish_f32(const float *restrict x, int64_t R, int64_t C, int64_t
         cmax = c > cmax ? c : cmax;
         csum += c;
     }
+    if (has_nan)    /* the comparisons above skip NaN; torch's amin/amax propagate it */
+        mn = mx = cmax = NAN;
 
     /* the shape sample (l1, nnz, kurtosis, hist), gathered once: its strided reads miss the cache */
     double l1 = 0.0, nnz = 0.0, ysum = 0.0;
@@ -246,9 +294,12 @@ int64_t goblin_finish_f32(const float *restrict x, int64_t R, int64_t C, int64_t
     if (want & S_KURT) *o++ = kurt;
     if (want & S_CHOUT) {
         double cmean = csum / (double)C;
-        *o++ = (double)cmax / (cmean > EPS ? cmean : EPS);
+        *o++ = has_nan ? NAN : (double)cmax / (cmean > EPS ? cmean : EPS);   /* inf: inf / inf = NaN */
     }
-    if (want & S_HIST) {
+    if ((want & S_HIST) && (has_nan || has_inf)) {   /* max|x| is not finite: no scale, every bin NaN */
+        for (int b = 0; b < HIST_BINS; b++)
+            *o++ = NAN;
+    } else if (want & S_HIST) {
         int64_t counts[HIST_BINS] = {0};
         const double bscale = (HIST_BINS / 2) / ((double)cmax + EPS);
         for (int64_t k = 0; k < ss_count; k++) {
@@ -277,6 +328,9 @@ int64_t goblin_finish_f32(const float *restrict x, int64_t R, int64_t C, int64_t
     if (want & S_SAMPLE)
         for (int64_t i = 0; i < n_pos; i++)
             *o++ = (double)x[pos[i]];
+    if (want & S_NONFIN)
+        for (int k = 0; k < 3; k++)
+            *o++ = counts[k];
     return (int64_t)(o - out);
 }
 

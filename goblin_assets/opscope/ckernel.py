@@ -32,6 +32,10 @@ import torch
 #: Environment switch: ``torch`` forces the torch path (for comparisons); anything else uses the kernel when built.
 ENV = "GOBLIN_SKETCH_KERNEL"
 
+#: Interface version of ``_sketch.c`` this module speaks (``goblin_sketch_abi()``); a library built from an
+#: older source (other statistics, other outputs) is not loaded: the torch path runs until it is rebuilt.
+ABI = 2
+
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
 _PAR_MIN_NUMEL = 1 << 20   # rows of a tensor this large are split across torch's intra-op thread count
 _state: dict = {}
@@ -65,7 +69,12 @@ def path() -> str | None:
 
 
 def lib() -> ctypes.CDLL | None:
-    """The loaded kernel library (cached), or None when it is not built or :data:`ENV` is ``torch``."""
+    """The loaded kernel library (cached), or None when it is not built, is stale or :data:`ENV` is ``torch``.
+
+    Stale: built from a ``_sketch.c`` of another interface version (:data:`ABI`),
+    e.g. an install that predates a new statistic; ``pip install -e .`` (``make
+    install``) rebuilds it.
+    """
     if os.environ.get(ENV, "").lower() == "torch":
         return None
     if "lib" not in _state:
@@ -74,7 +83,10 @@ def lib() -> ctypes.CDLL | None:
         if where is not None:
             try:
                 cdll = ctypes.CDLL(where)
-            except OSError:
+                cdll.goblin_sketch_abi.restype = _i64
+                if cdll.goblin_sketch_abi() != ABI:
+                    cdll = None
+            except (OSError, AttributeError):     # not loadable, or older than the version function
                 cdll = None
         if cdll is not None:
             cdll.goblin_rows_f32.argtypes = [_ptr, _i64, _i64, _i64, _ptr, _ptr, _ptr, _ptr]

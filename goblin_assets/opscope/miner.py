@@ -42,6 +42,13 @@ Cross-step section: the coefficient of variation of ``l1`` across steps
 ``< 1e-4`` -> ``stationary`` (prepack/precompute: weights), else ``drifting``
 (temporal coherence: activations).  Needs at least two steps.
 
+Non-finite values (section "Non-finite values" below): a (site, role) whose
+tensor held a NaN or inf at some recorded step gets a ``nonfinite`` finding
+(score: the largest share of non-finite elements in one step), and its other
+findings are mined from its finite steps only (a step's NaN statistics would
+otherwise decide every threshold).  Evidence numbers that are not finite are
+written as JSON ``null`` (JSON has no NaN).
+
 Softmax (``probs``) and routing (``route``) rows are not mined here; see
 :mod:`goblin_assets.opscope.infer`.
 """
@@ -52,7 +59,7 @@ import json
 import numpy as np
 import pandas as pd
 
-from goblin_assets.opscope.sketches import HIST_BINS
+from goblin_assets.opscope.sketches import HIST_BINS, NONFINITE_KINDS
 from goblin_assets.warehouse.tables import columns
 
 #: nnz/numel below this: zero-skipping / sparse GEMM pays.  Source: harness threshold (issue 7);
@@ -75,6 +82,8 @@ POS_CV = 0.75
 #: CV of l1 across steps below this: the tensor does not change.  Source: harness (issue 7).
 STATIONARY_CV = 1e-4
 
+#: The finding of a (site, role) whose tensor held NaN or inf at a recorded step (:func:`nonfinite_finding`).
+NONFINITE = "nonfinite"
 SCALARS = ("min", "max", "mean", "l1", "sumsq", "nnz", "kurtosis", "chan_outlier")
 _LOW_RANK_NOTE = "low rank is not observable from these sketches; a host probe is needed (goblin opscope probes)"
 
@@ -272,31 +281,214 @@ def mine_patterns(sketches: pd.DataFrame) -> pd.DataFrame:
     DataFrame
         ``patterns`` rows: one per (run, site, role) with the first matching
         rule's finding (sparse_gemm, int_quant, quantize_lut, delta_compute,
-        positional, dense_not_observable) and, with two or more steps, one
-        stationary/drifting row.  ``evidence_json`` holds the numbers, the
-        thresholds' rule and the rules skipped for lack of a statistic.  When
-        one run records the same site under several ``dist`` values (a sweep),
-        the site is reported as ``site@dist``.
+        positional, dense_not_observable) and, with two or more finite steps,
+        one stationary/drifting row; plus one ``nonfinite`` row per (run,
+        site, role) whose tensor held NaN or inf (:func:`nonfinite_finding`,
+        ranked by :func:`_rank_nonfinite`: ``rank`` 0 is the run's first).
+        ``evidence_json`` holds the numbers (strict JSON: non-finite ones are
+        null), the thresholds' rule and the rules skipped for lack of a
+        statistic.  When one run records the same site under several
+        ``dist`` values (a sweep), the site is reported as ``site@dist``.
     """
     df = sketches[~sketches["role"].isin(["probs", "route"])]
     if "dist" not in df.columns:
         df = df.assign(dist="")
     n_dist = df.groupby(["run_id", "site"])["dist"].transform("nunique")
-    df = df.assign(_site=np.where(n_dist > 1, df["site"] + "@" + df["dist"].astype(str), df["site"]))
+    df = df.assign(_site=np.where(n_dist > 1, df["site"] + "@" + df["dist"].astype(str), df["site"]),
+                   _pos=np.arange(len(df)))
     out = []
+    bad: dict[tuple, dict] = {}
     for (run_id, workload, site, role), g in df.groupby(["run_id", "workload", "_site", "role"], sort=False):
         rows = _Rows(g)
-        ev, skipped = site_stats(rows)
-        finding, score = classify(ev)
+        nf = nonfinite_steps(rows)
+        if nf:
+            bad[(run_id, workload, site, role)] = nonfinite_finding(g, nf)
+            g = g[~g["step"].isin(list(nf))]
+            rows = _Rows(g) if len(g) else rows
+        ev: dict = {}
+        if len(g):
+            ev, skipped = site_stats(rows)
+            finding, score = classify(ev)
+        else:
+            finding, score, skipped = "dense_not_observable", 0.0, [
+                "every rule: each recorded step held NaN or inf (see the nonfinite finding)"]
         if finding == "dense_not_observable":
             ev["note"] = _LOW_RANK_NOTE
         if skipped:
             ev["skipped"] = skipped
+        if nf:
+            ev["nonfinite_steps_left_out"] = sorted(nf)
         out.append((run_id, workload, site, role, finding, score, ev))
-        st = stationarity(rows)
+        st = stationarity(rows) if len(g) else None
         if st is not None:
             out.append((run_id, workload, site, role, st[0], st[1], st[2]))
+    for key, ev in _rank_nonfinite(bad, _last_sites(df) if bad else {}).items():
+        out.append((*key, NONFINITE, ev["max_share"] if ev["max_share"] is not None else 1.0, ev))
     return pd.DataFrame(
         [{"run_id": r, "workload": w, "site": s, "role": ro, "finding": f, "score": float(sc),
-          "evidence_json": json.dumps(e, default=float)} for r, w, s, ro, f, sc, e in out],
+          "evidence_json": json.dumps(_json_safe(e), default=float, allow_nan=False)}
+         for r, w, s, ro, f, sc, e in out],
         columns=columns("patterns"))
+
+
+# ----------------------------------------------------------------- non-finite values
+
+def nonfinite_steps(r: _Rows) -> dict[int, np.ndarray | None]:
+    """Per recorded step whose tensor held a NaN or inf: its ``nonfinite`` counts (NaN, +inf, -inf), float ``(3,)``.
+
+    From the ``nonfinite`` statistic when it was recorded (exact counts);
+    for rows recorded before it existed, a step whose ``min`` or ``max`` is NaN
+    or infinite (a NaN read back from the warehouse is a NULL, i.e. NaN here)
+    is non-finite with unknown counts (None).  Steps with no non-finite value
+    are absent.
+    """
+    out: dict[int, np.ndarray | None] = {}
+    counts = r.vec("nonfinite")
+    if counts:
+        for step, v in counts.items():
+            if (len(v) == len(NONFINITE_KINDS) and np.nansum(v) > 0) or not np.isfinite(v).all():
+                out[step] = v.astype(float)
+        return out
+    for stat in ("min", "max"):
+        for step, v in r.scal(stat).items():
+            if not np.isfinite(v):
+                out.setdefault(int(step), None)
+    return out
+
+
+def _fp_format(values: np.ndarray) -> str:
+    """Which floating format the finite ``values`` are exactly representable in: ``fp16``, ``bf16``,
+    ``fp16 or bf16`` (both, e.g. small integers), ``fp32 or wider`` (neither), or ``unknown`` (no finite value).
+
+    A float32 tensor's values are almost never all exact in fp16 (a random
+    float32 value is with probability ~2**-13): the 16 ``sample`` elements
+    of an fp16 tensor, widened to float64 by the sketch, are.  A bf16 value
+    (8 significant bits) within fp16's normal range is exact in fp16 too, so
+    a bf16 tensor reads ``fp16 or bf16`` unless a value lies outside that
+    range; ``fp16`` alone means a value needs more than 8 significant bits.
+    """
+    v = values[np.isfinite(values)]
+    if not len(v):
+        return "unknown"
+    with np.errstate(over="ignore"):
+        fp16 = bool(np.all(v.astype(np.float16).astype(np.float64) == v))
+    f32 = v.astype(np.float32)
+    bf16 = bool(np.all(f32.astype(np.float64) == v) and np.all((f32.view(np.uint32) & 0xFFFF) == 0))
+    return {(True, False): "fp16", (False, True): "bf16", (True, True): "fp16 or bf16"}.get((fp16, bf16),
+                                                                                           "fp32 or wider")
+
+
+def nonfinite_finding(g: pd.DataFrame, steps: dict[int, np.ndarray | None]) -> dict:
+    """Evidence of one (site, role) whose tensor held NaN or inf (``steps``: :func:`nonfinite_steps`).
+
+    Keys: ``first_step`` (the first recorded step with a non-finite value;
+    sketch steps count from 0 after the recording's warm-up), ``counts``
+    (``nan``, ``posinf``, ``neginf`` at that step; null when not recorded),
+    ``numel``, ``share`` (non-finite elements / numel at the first step),
+    ``max_share`` (over steps), ``steps`` (every non-finite step),
+    ``finite_steps_before`` (recorded steps before the first, all finite),
+    ``absmax_before`` (max |x| at the last finite step before it: how close
+    the values came to their format's range; null without one),
+    ``sample_format`` (:func:`_fp_format` of the ``sample`` elements of every
+    step) and ``order`` (the position of the group's first row at the
+    first step in the frame: the tap appends rows in execution order).
+    """
+    r = _Rows(g)
+    first = min(steps)
+    numel = r.scal("min", "numel")
+    n = float(numel.iloc[0]) if len(numel) else float(g["numel"].iloc[0])
+    shares = [float(np.nansum(v)) / n for v in steps.values() if v is not None and n > 0]
+    c = steps[first]
+    ev: dict = {
+        "first_step": int(first), "steps": sorted(int(k) for k in steps),
+        "counts": None if c is None else {k: int(x) for k, x in zip(NONFINITE_KINDS, c)},
+        "numel": int(n), "share": None if c is None or n <= 0 else float(np.nansum(c)) / n,
+        "max_share": max(shares) if shares else None,
+    }
+    mn, mx = r.scal("min"), r.scal("max")
+    before = [int(s) for s in mn.index if s < first and s in mx.index]
+    ev["finite_steps_before"] = before
+    if before:
+        last = max(before)
+        ev["absmax_before"] = float(max(abs(mn[last]), abs(mx[last])))
+        ev["absmax_before_step"] = last
+    else:
+        ev["absmax_before"] = None
+    sample = r.by.get("sample")
+    ev["sample_format"] = _fp_format(sample[2]) if sample is not None else "unknown"
+    at_first = g[g["step"] == first]
+    ev["order"] = int(at_first["_pos"].min()) if "_pos" in at_first.columns and len(at_first) else 0
+    return ev
+
+
+def _mask_only(ev: dict) -> bool:
+    """True when a group's non-finite values are only ``-inf`` (counts known): an additive mask, not a divergence."""
+    c = ev.get("counts")
+    return bool(c) and c["nan"] == 0 and c["posinf"] == 0 and c["neginf"] > 0
+
+
+def _last_sites(df: pd.DataFrame) -> dict[tuple, str]:
+    """Per (run, workload), the site of the last row of its first recorded step: the forward's last matmul.
+
+    The tap appends rows in execution order and skips backward matmuls, so
+    this is the model's output layer (a classifier or LM head) when the
+    frame keeps the recorded order.
+    """
+    out: dict[tuple, str] = {}
+    for key, g in df.groupby(["run_id", "workload"], sort=False):
+        first = g[g["step"] == g["step"].min()]
+        out[key] = str(first["_site"].iloc[int(np.argmax(first["_pos"].to_numpy()))])
+    return out
+
+
+def _rank_nonfinite(bad: dict[tuple, dict], last_site: dict[tuple, str]) -> dict[tuple, dict]:
+    """Add each non-finite (site, role)'s place in its run and how it turned non-finite (``origin``).
+
+    Per run, the groups are ranked by (``-inf`` only, first step, execution
+    order): ``rank`` 0 is where non-finite values appear first, and every
+    group's evidence names it (``run_first``: site, role, step).  A group
+    whose values are only ``-inf`` ranks after every other: an additive
+    attention mask (``baddbmm`` with a ``-inf`` bias) writes them on purpose.
+    ``output_layer`` says the site is the forward's last matmul
+    (:func:`_last_sites`).  ``origin`` reads the other operands of the same
+    matmul at the group's first step:
+
+    * ``overflow``: an ``out`` whose ``lhs`` and ``rhs`` were finite then: the
+      product left the format's range inside this matmul;
+    * ``propagated``: an ``out`` of a matmul whose operands were already non-finite;
+    * ``mask``: an ``out`` holding only ``-inf`` (see above);
+    * ``weight``: an ``rhs`` (the weight of a linear layer): the previous
+      optimizer update wrote a non-finite value into it;
+    * ``input``: an ``lhs`` (the data, or an activation made by an op that is not a matmul).
+    """
+    first_of = {k: ev["first_step"] for k, ev in bad.items()}
+    out: dict[tuple, dict] = {}
+    for run in {(k[0], k[1]) for k in bad}:
+        keys = sorted((k for k in bad if (k[0], k[1]) == run),
+                      key=lambda k: (_mask_only(bad[k]), bad[k]["first_step"], bad[k]["order"]))
+        head = keys[0]
+        for rank, k in enumerate(keys):
+            ev = dict(bad[k])
+            site, role, step = k[2], k[3], ev["first_step"]
+            if role == "out":
+                ops = [first_of.get((*run, site, r)) for r in ("lhs", "rhs")]
+                ev["origin"] = ("propagated" if any(s is not None and s <= step for s in ops) else
+                                "mask" if _mask_only(ev) else "overflow")
+            else:
+                ev["origin"] = "weight" if role == "rhs" else "input"
+            ev["rank"] = rank
+            ev["output_layer"] = last_site.get(run) == site
+            ev["run_first"] = {"site": head[2], "role": head[3], "step": bad[head]["first_step"]}
+            out[k] = ev
+    return out
+
+
+def _json_safe(obj):
+    """``obj`` with every non-finite float replaced by None (JSON has no NaN or inf)."""
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    if isinstance(obj, (float, np.floating)):
+        return float(obj) if np.isfinite(obj) else None
+    return obj

@@ -29,7 +29,29 @@ far_sumsq     scalar (0)                   mean of |x[r+h] - x[r]|² over the pa
                                            apart: what adj_sumsq would be if row order did not
                                            matter (0 when R < 2)
 sample        (min(numel, 16),) (element)  x.flatten() at 16 fixed, evenly spaced flat positions
+nonfinite     (3,) (0 NaN, 1 +inf, 2 -inf)  number of NaN, +inf and -inf elements; exact
 ============  ===========================  =====================================================
+
+Non-finite values are data (an fp16 overflow, a diverged run).  ``nonfinite``
+counts them exactly over the whole tensor, and every other statistic keeps
+its IEEE meaning over all elements, as torch computes it (both paths give the
+same): ``min``, ``max``, ``chan_maxabs`` (per channel) and ``chan_outlier``
+are NaN when a NaN is among their elements, else ``±inf`` when an inf is
+(``chan_outlier`` is then inf/inf = NaN); sums (``mean``, ``sumsq``, ``l1``,
+``pos_sumsq``, ``adj_sumsq``, ``far_sumsq``) follow float arithmetic (NaN
+from a NaN or from +inf meeting -inf, else ``±inf``); ``nnz`` counts NaN and
+inf as non-zero; ``kurtosis`` is NaN when the shape sample holds a non-finite
+value; ``hist`` is NaN in every bin when ``max|x|`` is not finite (the scale
+normalisation is undefined); ``sample`` holds the raw elements.  A non-finite
+value outside the shape sample does not reach the sampled ``l1``, ``nnz``
+and ``kurtosis`` (they then estimate the finite elements); ``hist`` is NaN
+all the same, since ``max|x|`` is exact.  Finite values whose squares
+overflow float32 give ``sumsq = inf`` with ``nonfinite`` all zero.  Cost: on
+the CPU the counts are read off the exact tier (a tensor whose float32 sum is
+finite holds no NaN or inf: zero extra passes) and counted by one more pass
+only when it is not; on an accelerator, where branching on a device value
+would synchronise, they are three more read-only reductions per tensor (not
+measured: no accelerator here).
 
 Exact and sampled.  With ``row_sample=None`` every statistic is exact.  With
 ``row_sample=n`` (default :data:`ROW_SAMPLE`) only read-only reductions touch
@@ -45,10 +67,9 @@ stationarity stays detectable):
   every sampled sketch below, so a sketch is one call instead of about a
   hundred small ops.  A dense permutation (attention's per-head views and
   ``K^T``) is read in place, in memory order; other strided tensors are
-  copied contiguous first.  Elsewhere (CUDA, ROCm, float64, a NaN or inf in
-  the tensor, the kernel not built) the torch path below gives the same
-  statistics with four read-only reductions and no temporary the size of the
-  tensor; a tensor of at least 16 MiB is reduced in ~1 MiB chunks of rows
+  copied contiguous first.  Elsewhere (CUDA, ROCm, float64, the kernel not
+  built) the torch path below gives the same statistics with four read-only
+  reductions and no temporary the size of the tensor; a tensor of at least 16 MiB is reduced in ~1 MiB chunks of rows
   (CPU, one intra-op thread); a wide view (C >= 512) takes its per-channel
   min/max in blocks of 16 rows; a strided last axis is copied contiguous
   (:func:`_row_chunks`, :func:`_chan_minmax`).  The two paths agree to
@@ -101,11 +122,14 @@ SCALAR_STATS: tuple[str, ...] = ("min", "max", "mean", "l1", "sumsq", "nnz")
 
 #: The full sketch set, in output order of :func:`sketch_vector`.
 STATS: tuple[str, ...] = SCALAR_STATS + (
-    "kurtosis", "chan_outlier", "hist", "chan_maxabs", "pos_sumsq", "adj_sumsq", "far_sumsq", "sample")
+    "kurtosis", "chan_outlier", "hist", "chan_maxabs", "pos_sumsq", "adj_sumsq", "far_sumsq", "sample", "nonfinite")
 
 #: A compact set with a fixed number of values per tensor (no per-row or
 #: per-channel vectors): what the dispatcher tap records by default.
-FIXED_STATS: tuple[str, ...] = SCALAR_STATS + ("kurtosis", "chan_outlier", "hist", "sample")
+FIXED_STATS: tuple[str, ...] = SCALAR_STATS + ("kurtosis", "chan_outlier", "hist", "sample", "nonfinite")
+
+#: ``idx`` of the ``nonfinite`` counts, in output order.
+NONFINITE_KINDS: tuple[str, ...] = ("nan", "posinf", "neginf")
 
 HIST_BINS = 32          # bins of the scale-normalised histogram over [-1, 1]
 SAMPLE_ELEMENTS = 16    # fixed flat positions in ``sample``
@@ -205,6 +229,8 @@ def sketch_layout(shape: tuple[int, ...] | torch.Size, stats: tuple[str, ...] = 
             idx = paired_rows(r, 1, row_sample)
         elif s == "sample":
             idx = sample_positions(numel)
+        elif s == "nonfinite":
+            idx = np.arange(len(NONFINITE_KINDS), dtype=np.int64)
         else:
             idx = np.zeros(1, dtype=np.int64)
         out.append((s, idx))
@@ -297,8 +323,9 @@ def sketch_vector(x: torch.Tensor, stats: tuple[str, ...] = STATS,
     Units
     -----
     Those of ``x`` (min, max, mean, l1, chan_maxabs, sample), squared
-    (sumsq, pos_sumsq, adj_sumsq), counts (nnz), shares (hist) and ratios
-    (kurtosis, chan_outlier).
+    (sumsq, pos_sumsq, adj_sumsq), counts (nnz, nonfinite), shares (hist)
+    and ratios (kurtosis, chan_outlier).  A tensor holding NaN or inf: the
+    module docstring says what each statistic is then.
 
     Raises
     ------
@@ -356,8 +383,11 @@ def sketch_vector(x: torch.Tensor, stats: tuple[str, ...] = STATS,
         vals["chan_maxabs"] = chan
         # max / mean; 0 when all-zero (0 / tiny)
         vals["chan_outlier"] = chan.max() / chan.mean().clamp_min(_EPS)
+    total = (sums[0] if len(sums) == 1 else torch.stack(sums).sum()) if sums else None
     if "mean" in want:
-        vals["mean"] = (sums[0] if len(sums) == 1 else torch.stack(sums).sum()) / numel
+        vals["mean"] = total / numel
+    if "nonfinite" in want:
+        vals["nonfinite"] = _nonfinite_counts(x, xn, total)
     if want_rows:
         pos = (norms[0] if len(norms) == 1 else torch.cat(norms)).square_()
         vals["sumsq"] = pos.sum(dtype=f64)
@@ -383,7 +413,7 @@ def sketch_vector(x: torch.Tensor, stats: tuple[str, ...] = STATS,
         scale = numel / ys.numel()
         a = ys.abs()
         vals["l1"] = a.sum() * scale
-        vals["nnz"] = (a > 0).sum(dtype=f64) * scale
+        vals["nnz"] = (ys != 0).sum(dtype=f64) * scale      # NaN is not zero (as in the kernel)
         if "kurtosis" in want:
             d = ys - ys.mean()
             d2 = d.mul_(d)                            # mul, not pow: pow(2) is ~2x slower on the CPU
@@ -396,10 +426,30 @@ def sketch_vector(x: torch.Tensor, stats: tuple[str, ...] = STATS,
             b = (ys * ((HIST_BINS / 2) / (absmax + _EPS)) + HIST_BINS / 2).to(torch.int64).clamp_(0, HIST_BINS - 1)
             # scatter_add, not bincount: a fixed output size, so no device-to-host sync on CUDA
             ones = torch.full_like(ys, 1.0 / max(b.numel(), 1))
-            vals["hist"] = torch.zeros(HIST_BINS, dtype=f64, device=x.device).scatter_add_(0, b, ones)
+            hist = torch.zeros(HIST_BINS, dtype=f64, device=x.device).scatter_add_(0, b, ones)
+            # no scale when max|x| is NaN or inf: every bin NaN (no host sync: a device-side select)
+            vals["hist"] = torch.where(torch.isfinite(absmax), hist, torch.full_like(hist, math.nan))
     if "sample" in want:
         vals["sample"] = (x.reshape(1) if x.dim() == 0 else x)[pos_i]
     return _into(torch.cat([vals[s].reshape(-1).to(f64) for s in STATS if s in want]), out)
+
+
+def _nonfinite_counts(x: torch.Tensor, xn: torch.Tensor, total: torch.Tensor | None) -> torch.Tensor:
+    """``nonfinite`` of ``x``: float64 ``(3,)`` on ``x.device``, the numbers of NaN, +inf and -inf elements.
+
+    On the CPU a finite float32 sum of the tensor (``total``: the mean's sum
+    when it was computed; else one more read-only reduction of the ``(R, C)``
+    view ``xn``) proves every element finite, so the counts are zero without
+    a pass that compares elements; only a non-finite sum (or a sum of finite
+    values that overflowed) pays for the three comparisons.  On an
+    accelerator the comparisons always run: deciding on the sum would read it
+    back to the host and synchronise the stream.
+    """
+    if x.device.type == "cpu":
+        total = total if total is not None else xn.sum(dtype=torch.float32)
+        if bool(torch.isfinite(total)):
+            return torch.zeros(len(NONFINITE_KINDS), dtype=torch.float64)
+    return torch.stack([x.isnan().sum(), (x == math.inf).sum(), (x == -math.inf).sum()]).to(torch.float64)
 
 
 def _into(v: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
@@ -477,8 +527,8 @@ def _sketch_c(x: torch.Tensor, stats: tuple[str, ...], row_sample: int | None,
     first; float64 keeps the torch path and its precision) when the kernel is
     built.  A dense permutation (attention's per-head views and ``K^T``) is
     read in place, in memory order; any other strided tensor is copied
-    contiguous first.  None also when the tensor holds a non-finite value: the
-    torch path then gives NaN/inf as before.  Writes into ``out`` (a float64
+    contiguous first.  A tensor holding NaN or inf is sketched here too (one
+    more pass counts them; module docstring).  Writes into ``out`` (a float64
     vector of the right length) when given.
     """
     if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
@@ -502,7 +552,7 @@ def _sketch_c(x: torch.Tensor, stats: tuple[str, ...], row_sample: int | None,
         rep.data_ptr(), rep.numel(), adj.data_ptr(), adj2.data_ptr(), adj.numel(), far.data_ptr(), far2.data_ptr(),
         far.numel(), None if ss_off is None else ss_off.data_ptr(), st, cnt, pos.data_ptr(), pos.numel(), want,
         ckernel.scratch(max(cnt, 1), torch.float64, "sample").data_ptr(), dst.data_ptr())
-    if got < 0:         # a non-finite value: the torch path propagates it
+    if got < 0:         # refused by the kernel (not expected): the torch path gives the same values
         return None
     if got != length:   # the kernel and sketch_layout disagree: a bug, never silently misplaced values
         raise RuntimeError(f"fused sketch kernel wrote {got} values for shape {tuple(x.shape)}, layout has {length}")

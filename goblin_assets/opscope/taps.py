@@ -50,7 +50,9 @@ class MatmulTap(TorchDispatchMode):
     (no per-row or per-channel vectors) keeps a huge model's rows small.
     ``rows`` is a list of dicts with keys step, site, role (lhs|rhs|out),
     stat, idx, value, M, K, N, numel: the tidy schema of DESIGN.md minus run
-    columns (vector stats use ``idx``, scalars idx 0).
+    columns (vector stats use ``idx``, scalars idx 0).  ``value`` may be NaN
+    or ``±inf``: a tensor holding them is sketched like any other, and its
+    ``nonfinite`` stat counts them (idx 0 NaN, 1 +inf, 2 -inf).
 
     Cost (measured in process on workloads/digits_mlp's MLP, batch 64, one
     thread, best of 8 x 20 training steps on a shared 2-core machine): a

@@ -1,7 +1,13 @@
 """Child-process harness: runs a user's training script unmodified for a step budget.
 
-Invoked as ``python -m goblin_assets.runners.harness SPEC.json`` by the local
-runner.  Step boundaries come from torch's *global* optimizer step post hook
+Invoked as ``PYTHON .../goblin_assets/runners/harness.py SPEC.json`` by the
+local runner, where ``PYTHON`` is the user's interpreter (the workload's
+``python:``, ``goblin audit --python``, or Goblin's own by default).  The file
+is run by path and imports nothing but the standard library and the user's
+torch, so the user's environment needs nothing of Goblin installed; only the
+``sketch`` mode's tap is imported from Goblin's package, whose folder the spec
+names (``goblin_path``, appended to ``sys.path`` after the user's own
+packages).  Step boundaries come from torch's *global* optimizer step post hook
 (``torch.optim.optimizer.register_optimizer_step_post_hook``), so the user's
 script is never edited: after ``warmup`` optimizer steps the harness starts
 ``torch.profiler`` (mode ``profile``), times steps without a profiler (mode
@@ -15,8 +21,19 @@ Samples and tokens are counted from the real batches: the harness wraps
 ``enumerate(DataLoader)#...__next__`` range stays inside the wrapper) and reads
 the workload's ``batch_field`` of each batch.
 
-Everything the parent needs goes to ``OUT/result.json`` (one
-:class:`~goblin_assets.runners.result.HarnessResult`); the Chrome trace to
+Steady state: a DataLoader with workers fills a queue of ``num_workers x
+prefetch_factor`` batches while the first steps run, so the first measured
+steps would find their batches waiting and look faster than the loader can
+sustain.  In ``profile`` and ``benchmark`` mode the warm-up is extended by the
+optimizer steps that consume that queue (``prefetch_warmup_steps`` in the
+result, at most :data:`MAX_PREFETCH_WARMUP`).  After the run, every parameter
+the stepped optimizers hold is checked for NaN/Inf (``nonfinite_params``), and after
+every warm-up step and, in ``sketch`` mode, every step (``first_nonfinite_step``):
+never inside a timed step.
+
+Everything the parent needs goes to ``OUT/result.json`` (plain JSON that the
+parent validates as one :class:`~goblin_assets.runners.result.HarnessResult`:
+field names here and there must agree); the Chrome trace to
 ``OUT/trace.json``; sketch rows to ``OUT/sketches.json``.  Facts about the
 machine (cores, CPU instruction sets) are not measured here: the parent reads
 them from :mod:`goblin_assets.host`, which this child would see the same way.
@@ -39,7 +56,8 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.data import dataloader as _dl
 
-from goblin_assets.runners.result import HarnessResult, OpTime, StepRecord
+#: The most optimizer steps the warm-up is extended by to drain a DataLoader's prefetch queue.
+MAX_PREFETCH_WARMUP = 8
 
 #: User annotations and Python-level ranges that are not ops (excluded from top-5).
 _NOT_OPS = ("ProfilerStep#", "enumerate(DataLoader)", "Optimizer.", "## ", "<built-in", "DataLoader")
@@ -148,7 +166,12 @@ class Harness:
         self.step_end_times: list[float] = []
         self.cur = [0, 0, 0, 0.0, 0]  # samples, tokens, nonpad, data-wait seconds, batches in the current step
         self.mem_boundary: list[float] = []  # device bytes allocated at each measured step's end (cuda)
-        self.per_step: list[StepRecord] = []
+        self.per_step: list[dict] = []
+        self.prefetch_depth: int | None = None  # batches a loader's workers queue ahead (workers x prefetch_factor)
+        self.prefetch_warmup = 0  # optimizer steps added to the warm-up to drain that queue
+        self.dataset_samples: int | None = None  # len() of the first loader's dataset (None: unknown)
+        self.optimizers: list = []
+        self.first_nonfinite: int | None = None
         self.prof = None
         self.tap = None
         self.rss_samples: list[int] = []
@@ -160,6 +183,13 @@ class Harness:
         h = self
 
         def __next__(it):  # noqa: N807 - same name as the wrapped method
+            if h.prefetch_depth is None:  # the first loader the script iterates
+                h.prefetch_depth = int(getattr(it, "_num_workers", 0) or 0) * int(
+                    getattr(it, "_prefetch_factor", 0) or 0)
+                try:
+                    h.dataset_samples = len(it._dataset)
+                except (AttributeError, TypeError, NotImplementedError):  # an IterableDataset has no length
+                    h.dataset_samples = None
             t0 = time.perf_counter()
             batch = orig(it)
             h.cur[3] += time.perf_counter() - t0
@@ -176,8 +206,16 @@ class Harness:
     def on_step(self, optimizer, args, kwargs) -> None:
         now = time.perf_counter()
         self.step += 1
+        if not any(o is optimizer for o in self.optimizers):
+            self.optimizers.append(optimizer)
+        # parameters checked for NaN/Inf after every warm-up step and every sketch step (never inside a timed step)
+        if self.first_nonfinite is None and (self.mode == "sketch" or self.step <= self.warmup) \
+                and self._nonfinite_params():
+            self.first_nonfinite = self.step
+        if self.step == self.warmup:
+            self._extend_warmup_for_prefetch()
         if self.step > self.warmup:
-            self.per_step.append(StepRecord(
+            self.per_step.append(dict(
                 samples=self.cur[0], tokens=self.cur[1], nonpad_tokens=self.cur[2], data_wait_s=self.cur[3],
                 batches=self.cur[4], step_time_s=now - self.t_last,
                 # CLOCK_MONOTONIC seconds (perf_counter on Linux): lines steps up with
@@ -201,6 +239,31 @@ class Harness:
             raise StepBudgetReached()
         self.t_last = time.perf_counter()
 
+    def _extend_warmup_for_prefetch(self) -> None:
+        """At the end of the warm-up, add the steps that consume the loader's prefetch queue (profile/benchmark)."""
+        if (self.mode not in ("profile", "benchmark") or not self.prefetch_depth or self.cur[4] <= 0
+                or self.prefetch_warmup):
+            return  # once: the extended warm-up's own end must not extend it again
+        self.prefetch_warmup = min(MAX_PREFETCH_WARMUP, -(-self.prefetch_depth // self.cur[4]))
+        self.warmup += self.prefetch_warmup
+
+    def _nonfinite_params(self, limit: int = 10) -> list[str]:
+        """The parameters of the optimizers stepped so far that hold NaN or Inf (at most ``limit``), described.
+
+        Optimizers hold tensors, not names: each is described by its place and shape,
+        ``optimizer 0, group 0, tensor 3 [256, 64] torch.float16``.
+        """
+        out: list[str] = []
+        with torch.no_grad():
+            for i, o in enumerate(self.optimizers):
+                for j, g in enumerate(o.param_groups):
+                    for k, p in enumerate(g["params"]):
+                        if isinstance(p, torch.Tensor) and p.is_floating_point() and not bool(torch.isfinite(p).all()):
+                            out.append(f"optimizer {i}, group {j}, tensor {k} {list(p.shape)} {p.dtype}")
+                            if len(out) >= limit:
+                                return out
+        return out
+
     def _begin_measured(self) -> None:
         if self.device_kind == "cuda":
             torch.cuda.synchronize()
@@ -221,6 +284,8 @@ class Harness:
                                                    profile_memory=self.device_kind == "cpu")
             self.prof.start()
         elif self.mode == "sketch":
+            if self.spec.get("goblin_path") and self.spec["goblin_path"] not in sys.path:
+                sys.path.append(self.spec["goblin_path"])  # after the user's packages: only our tap comes from it
             mod, _, cls = self.spec["tap"].partition(":")
             self.tap = getattr(importlib.import_module(mod), cls)()
             self.tap.__enter__()
@@ -232,25 +297,28 @@ class Harness:
             # A GPU is present but the script never put a tensor on it (e.g. digits_mlp).
             warn.append("a GPU is present but the script allocated nothing on it: measured as a CPU run")
             self.device_kind = "cpu"
-        result = HarnessResult(
+        result: dict = dict(
             warnings=warn, reached_budget=reached, steps_seen=self.step, per_step=self.per_step,
             device=self.device_kind, torch_version=torch.__version__,
             hip_version=getattr(torch.version, "hip", None), cuda_version=getattr(torch.version, "cuda", None),
             num_threads=torch.get_num_threads(),
             max_rss_gb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9,
-            rss_gb_samples=[r / 1e9 for r in self.rss_samples],
+            rss_gb_samples=[r / 1e9 for r in self.rss_samples], python=sys.executable,
+            prefetch_warmup_steps=self.prefetch_warmup, dataset_samples=self.dataset_samples,
+            nonfinite_params=self._nonfinite_params(),
+            first_nonfinite_step=self.first_nonfinite,
         )
         if self.device_kind == "cuda":
-            result.device_name = torch.cuda.get_device_name(0)
-            result.mem_peak_gb = torch.cuda.max_memory_allocated() / 1e9
+            result["device_name"] = torch.cuda.get_device_name(0)
+            result["mem_peak_gb"] = torch.cuda.max_memory_allocated() / 1e9
             if self.mem_boundary:
-                result.mem_static_gb = min(self.mem_boundary) / 1e9
+                result["mem_static_gb"] = min(self.mem_boundary) / 1e9
             free, total = torch.cuda.mem_get_info()
-            result.mem_total_gb = total / 1e9
+            result["mem_total_gb"] = total / 1e9
         if self.prof is not None:
             trace = self.out / "trace.json"
             self.prof.export_chrome_trace(str(trace))
-            result.trace = str(trace)
+            result["trace"] = str(trace)
             ops = []
             flops = 0
             for evt in self.prof.key_averages():
@@ -258,14 +326,14 @@ class Harness:
                 if evt.key.startswith(_NOT_OPS) or getattr(evt, "is_user_annotation", False):
                     continue
                 self_us = evt.self_device_time_total if self.device_kind == "cuda" else evt.self_cpu_time_total
-                ops.append(OpTime(name=evt.key, self_us=float(self_us), count=int(evt.count)))
-            ops.sort(key=lambda o: -o.self_us)
-            result.ops = ops[:50]
-            result.flops_total = flops
+                ops.append(dict(name=evt.key, self_us=float(self_us), count=int(evt.count)))
+            ops.sort(key=lambda o: -o["self_us"])
+            result["ops"] = ops[:50]
+            result["flops_total"] = flops
         if self.tap is not None:
             self.tap.__exit__(None, None, None)
             (self.out / "sketches.json").write_text(json.dumps(self.tap.rows))
-        result.write(self.out)
+        (self.out / "result.json").write_text(json.dumps(result), encoding="utf-8")
 
 
 def main(argv: list[str]) -> int:
@@ -274,7 +342,7 @@ def main(argv: list[str]) -> int:
     if spec.get("threads"):
         torch.set_num_threads(int(spec["threads"]))
     h.install_loader_counter()
-    cap_trainer_max_steps(h.warmup + h.steps)
+    cap_trainer_max_steps(h.warmup + h.steps + (MAX_PREFETCH_WARMUP if h.mode in ("profile", "benchmark") else 0))
     handle = register_optimizer_step_post_hook(h.on_step)
     script = spec["script"]
     sys.argv = [script, *spec.get("args", [])]

@@ -27,6 +27,11 @@ from goblin_assets.contracts import RunMetrics
 from goblin_assets.runners.result import RESULT_NAME, HarnessResult, HarnessResultError, Mode, RawRun
 from goblin_assets.runners.workload import Workload
 
+#: The child harness, run by file path so that the user's interpreter needs nothing of Goblin installed.
+HARNESS = Path(__file__).resolve().with_name("harness.py")
+#: The folder holding the ``goblin_assets`` package (a sketch run's tap is imported from it).
+GOBLIN_PATH = Path(__file__).resolve().parents[2]
+
 #: Environment variables never passed to user code (credentials and tokens).
 _SECRET_ENV = re.compile(
     r"(TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|API_KEY|ACCESS_KEY|PRIVATE_KEY|^AWS_|^AZURE_|^GOOGLE_|^GCP_|^HF_TOKEN|^WANDB_API)",
@@ -80,6 +85,10 @@ class LocalRunner:
         Wall-clock limit per child run, seconds.
     mem_cap_gb:
         Address-space cap of the child (``RLIMIT_AS``), GB; ``None`` for none.
+    python:
+        The interpreter the child runs in (the user's environment: its torch,
+        transformers, ...); default Goblin's own.  It needs nothing of Goblin
+        installed: the harness is run by its file path (:data:`HARNESS`).
     """
 
     kind = "local"
@@ -93,7 +102,7 @@ class LocalRunner:
 
     def _command(self, spec_path: Path) -> list[str]:
         """The child's argv (a profiler wrapper such as rocprofv3 prefixes it)."""
-        return [self.python, "-m", "goblin_assets.runners.harness", str(spec_path)]
+        return [self.python, str(HARNESS), str(spec_path)]
 
     def run(
         self,
@@ -128,6 +137,7 @@ class LocalRunner:
             "steps": steps,
             "warmup": warmup,
             "out_dir": str(run_dir),
+            "goblin_path": str(GOBLIN_PATH),
             "unit": workload.unit,
             "batch_field": workload.batch_field,
             "mask_field": workload.mask_field,

@@ -129,7 +129,7 @@ class ReplayRunner:
     ----------
     recording:
         The RunMetrics JSON to replay; default ``WORKLOAD/cached_metrics.json``.
-    device, timeout_s, mem_cap_gb:
+    device, timeout_s, mem_cap_gb, python:
         Accepted so a resource can build any runner kind with the same
         settings; a replay uses none of them.
     """
@@ -137,7 +137,7 @@ class ReplayRunner:
     kind = "replay"
 
     def __init__(self, recording: str | Path | None = None, device: str = "auto", timeout_s: float = 600.0,
-                 mem_cap_gb: float | None = None):
+                 mem_cap_gb: float | None = None, python: str | None = None):
         self.recording = Path(recording) if recording else None
         self.device = device
         self.timeout_s = timeout_s

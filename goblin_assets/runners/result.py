@@ -110,6 +110,14 @@ class HarnessResult(BaseModel):
     (the Chrome trace's path), ``ops`` (the top 50 ops by self time) and
     ``flops_total`` (FLOPs torch.profiler counted with ``with_flops``) only
     in ``profile`` mode.  ``num_threads`` is torch's intra-op thread count.
+    ``python`` is the interpreter the child ran in; ``prefetch_warmup_steps``
+    the optimizer steps added to the warm-up to drain the DataLoader's prefetch
+    queue (steady state); ``dataset_samples`` the length of the first
+    DataLoader's dataset (None for an iterable dataset); ``nonfinite_params``
+    the parameters of the stepped optimizers that held NaN/Inf at the end
+    (described by place, shape and dtype; at most 10); ``first_nonfinite_step``
+    the first optimizer step (counting warm-up, from 1) after which one did,
+    as far as checked (every warm-up step; every step in ``sketch`` mode).
     Host facts (cores, CPU instruction sets) are not the harness's to report:
     they come from :mod:`goblin_assets.host`.
     """
@@ -134,6 +142,11 @@ class HarnessResult(BaseModel):
     trace: str | None = None
     ops: list[OpTime] = Field(default_factory=list)
     flops_total: int = Field(default=0, ge=0)
+    python: str | None = None
+    prefetch_warmup_steps: int = Field(default=0, ge=0)
+    dataset_samples: int | None = Field(default=None, ge=0)
+    nonfinite_params: list[str] = Field(default_factory=list)
+    first_nonfinite_step: int | None = None
 
     @property
     def trace_path(self) -> Path | None:

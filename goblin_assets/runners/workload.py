@@ -12,6 +12,10 @@
   the number of non-padding tokens.
 * ``config``: the file ``training_config`` parses (default: ``entry``).
 * ``model``: a human-readable model name for reports.
+* ``python``: the interpreter the script runs in (the user's environment:
+  its torch, transformers, datasets ...): a path (relative to the folder or
+  absolute) or a command name on ``PATH``; default Goblin's own.  A setting
+  (``goblin audit --python``, ``GOBLIN_RUNNER_PYTHON``) takes precedence.
 
 A folder without ``workload.yaml`` that holds ``cached_metrics.json`` is a
 *replay* workload (the synthetic corpus, ``workloads/synthetic/<scenario>``):
@@ -25,6 +29,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shutil
 from pathlib import Path
 from typing import Literal
 
@@ -58,6 +64,7 @@ class Workload(BaseModel):
     model: str = ""
     recording: str | None = None
     environment: str | None = None
+    python: str | None = None
 
     def __setstate__(self, state: dict) -> None:
         """Unpickle, giving fields added since the pickle was written their defaults.
@@ -75,6 +82,15 @@ class Workload(BaseModel):
     @property
     def config_file(self) -> Path:
         return self.root / (self.config or self.entry)
+
+    @property
+    def interpreter(self) -> str | None:
+        """The workload's ``python:`` as an absolute path (None when it names none)."""
+        if not self.python:
+            return None
+        if "/" not in self.python:
+            return shutil.which(self.python) or self.python
+        return str((self.root / self.python).absolute()) if not Path(self.python).is_absolute() else self.python
 
     def script_hash(self) -> str:
         """sha256 of the entry script's bytes (for the benchmark cache key)."""
@@ -155,6 +171,8 @@ def load_workload(path: str | Path) -> Workload:
         raise WorkloadError(f"{spec_file}: field '{field}': {first['msg']}") from None
     if not wl.script.is_file():
         raise WorkloadError(f"{spec_file}: entry script '{wl.entry}' not found at {wl.script}")
+    if wl.python and not os.access(wl.interpreter or "", os.X_OK):
+        raise WorkloadError(f"{spec_file}: field 'python': {wl.python!r} is not an executable interpreter")
     return wl
 
 

@@ -13,7 +13,9 @@ import pyarrow as pa
 
 from goblin_assets import warehouse_path
 from goblin_assets.errors import WarehouseError
-from goblin_assets.warehouse.tables import RENAMED_COLUMNS, TABLES, columns, ddl, dtypes, schema
+from goblin_assets.warehouse.tables import (
+    ADDED_COLUMNS, RENAMED_COLUMNS, TABLES, column_type, columns, ddl, dtypes, relax_not_null, schema,
+)
 
 
 #: How long to wait for another process's write lock on the DuckDB file (seconds).
@@ -59,20 +61,34 @@ def connect(path: str | Path | None = None, read_only: bool = False) -> Iterator
 
 
 def ensure_tables(con: duckdb.DuckDBPyConnection) -> None:
-    """Create every table of :data:`TABLES` that does not exist yet, and rename old columns in place.
+    """Create every table of :data:`TABLES` that does not exist yet; rename and add columns in place.
 
     A warehouse written before a column gained its unit suffix
     (:data:`~goblin_assets.warehouse.tables.RENAMED_COLUMNS`) keeps its rows: the column is renamed
-    (``ALTER TABLE ... RENAME COLUMN``), never dropped.
+    (``ALTER TABLE ... RENAME COLUMN``), never dropped.  A table created before a column was added
+    (:data:`~goblin_assets.warehouse.tables.ADDED_COLUMNS`) gains it (``ALTER TABLE ... ADD COLUMN``,
+    NULL in the rows already there), so its columns stay in declaration order.  A column that now
+    takes NULL for a NaN (:data:`~goblin_assets.warehouse.tables.NAN_AS_NULL`) loses an old NOT NULL.
     """
     have: dict[str, set[str]] = {}
-    for table, col in con.execute("SELECT table_name, column_name FROM information_schema.columns "
-                                  "WHERE table_schema = current_schema()").fetchall():
+    not_null: set[tuple[str, str]] = set()
+    for table, col, nullable in con.execute("SELECT table_name, column_name, is_nullable FROM "
+                                            "information_schema.columns WHERE table_schema = current_schema()"
+                                            ).fetchall():
         have.setdefault(table, set()).add(col)
+        if nullable == "NO":
+            not_null.add((table, col))
+    for sql in relax_not_null(not_null):  # columns that now hold NaN as NULL (sketches.value)
+        con.execute(sql)
     for table, old, new in RENAMED_COLUMNS:
         cols = have.get(table, set())
         if old in cols and new not in cols:
             con.execute(f'ALTER TABLE "{table}" RENAME COLUMN "{old}" TO "{new}"')
+    for table, col in ADDED_COLUMNS:
+        cols = have.get(table)
+        if cols is not None and col not in cols:
+            con.execute(f'ALTER TABLE "{table}" ADD COLUMN "{col}" {column_type(table, col)[0]}')
+            cols.add(col)
     for t in TABLES:
         if t not in have:
             con.execute(ddl(t))

@@ -119,13 +119,33 @@ def bench_frame(results: dict[str, BenchmarkResult], audit_id: str, workload: st
 
 def audit_frame(audit_id: str, workload: str, profile_run_id: str, patched_run_id: str, rep, patch,
                 report_path) -> pd.DataFrame:
-    """One row of ``audits``: the headline numbers of one audit (``rep``: AuditReport, ``patch``: Patch)."""
+    """One row of ``audits``: the headline numbers of one audit (``rep``: AuditReport or ReplayReport, ``patch``: Patch).
+
+    ``predicted_speedup_low/high`` and ``confidence`` are the waste-budget
+    model's own (``patch``), never the calibrated ones: the rules' record
+    (``marts/speedup_calibration.sql``, ``audit/calibration.py``) compares
+    them with ``measured_speedup``.  The calibrated prediction the report
+    shows is in ``calibrated_speedup_low/high`` and ``calibrated_confidence``,
+    with ``calibration_audits`` (measured audits behind it; 0: not scaled).
+    ``speedup_low/high`` is the measured speedup's interval at
+    ``speedup_level`` (0..1) over ``speedup_pairs`` pairs, and
+    ``speedup_verdict`` its reading (``faster``, ``slower``, ``no significant
+    change``, ``no interval``); all null when nothing was measured (a replay).
+    """
+    iv = getattr(rep, "measured_interval", None)
+    cal = getattr(rep, "calibration", None)
     return _frame("audits", [{
         "audit_id": audit_id, "workload": workload, "created_at": datetime.now(),
         "profile_run_id": profile_run_id, "baseline_run_id": profile_run_id, "patched_run_id": patched_run_id,
         "baseline_throughput_per_s": rep.baseline_throughput, "patched_throughput_per_s": rep.patched_throughput,
-        "unit": rep.unit, "measured_speedup": rep.measured_speedup, "predicted_speedup_low": rep.predicted_low,
-        "predicted_speedup_high": rep.predicted_high, "confidence": rep.confidence,
+        "unit": rep.unit, "measured_speedup": rep.measured_speedup,
+        "predicted_speedup_low": patch.expected_speedup_low, "predicted_speedup_high": patch.expected_speedup_high,
+        "confidence": patch.confidence,
         "rules": ",".join(a.rule_id for a in patch.applied), "diff": redact(patch.diff),
         "report_path": str(report_path) if report_path else None,
+        "speedup_low": iv.low if iv else None, "speedup_high": iv.high if iv else None,
+        "speedup_level": iv.level if iv else None, "speedup_pairs": iv.pairs if iv else None,
+        "speedup_verdict": iv.verdict if iv else None,
+        "calibrated_speedup_low": rep.predicted_low, "calibrated_speedup_high": rep.predicted_high,
+        "calibrated_confidence": rep.confidence, "calibration_audits": cal.audits if cal is not None else 0,
     }])

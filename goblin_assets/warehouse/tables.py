@@ -50,6 +50,12 @@ TABLES: dict[str, list[tuple[str, str, bool]]] = {
         ("measured_speedup", "DOUBLE", True), ("predicted_speedup_low", "DOUBLE", True),
         ("predicted_speedup_high", "DOUBLE", True), ("confidence", "DOUBLE", True),
         ("rules", "VARCHAR", False), ("diff", "VARCHAR", False), ("report_path", "VARCHAR", True),
+        # added after the first warehouses (ADDED_COLUMNS): the measured speedup's interval, and the
+        # prediction scaled by the rules' measured record (audit/benchmark.py, audit/calibration.py)
+        ("speedup_low", "DOUBLE", True), ("speedup_high", "DOUBLE", True), ("speedup_level", "DOUBLE", True),
+        ("speedup_pairs", "BIGINT", True), ("speedup_verdict", "VARCHAR", True),
+        ("calibrated_speedup_low", "DOUBLE", True), ("calibrated_speedup_high", "DOUBLE", True),
+        ("calibrated_confidence", "DOUBLE", True), ("calibration_audits", "BIGINT", True),
     ],
     "runs": [
         ("run_id", "VARCHAR", False), ("audit_id", "VARCHAR", True), ("workload", "VARCHAR", False),
@@ -73,7 +79,7 @@ TABLES: dict[str, list[tuple[str, str, bool]]] = {
         ("step", "BIGINT", False), ("backend", "VARCHAR", False), ("dist", "VARCHAR", False),
         ("M", "BIGINT", False), ("K", "BIGINT", False), ("N", "BIGINT", False), ("numel", "BIGINT", False),
         ("site", "VARCHAR", False), ("role", "VARCHAR", False), ("stat", "VARCHAR", False),
-        ("idx", "BIGINT", False), ("value", "DOUBLE", False),
+        ("idx", "BIGINT", False), ("value", "DOUBLE", True),
     ],
     "patterns": [
         ("run_id", "VARCHAR", False), ("workload", "VARCHAR", False), ("site", "VARCHAR", False),
@@ -110,6 +116,10 @@ _CHECKS: dict[tuple[str, str], list[pa.Check]] = {
     ("kernels", "pct_time"): [pa.Check.in_range(0, 100)],
     ("benchmarks", "throughput_per_s"): [pa.Check.gt(0)],
     ("benchmarks", "label"): [pa.Check.isin(["baseline", "patched"])],
+    ("audits", "speedup_verdict"): [pa.Check.isin(["faster", "slower", "no significant change", "no interval"])],
+    ("audits", "speedup_level"): [pa.Check.in_range(0, 1, include_min=False, include_max=False)],
+    ("audits", "speedup_pairs"): [pa.Check.ge(1)],
+    ("audits", "calibration_audits"): [pa.Check.ge(0)],
 }
 
 
@@ -156,6 +166,25 @@ def dtypes(table: str) -> dict[str, object]:
     return {name: _dtype(typ, nullable) for name, typ, nullable in TABLES[table]}
 
 
+#: Non-finite values are data where a column holds measured tensor statistics (``sketches.value``: the
+#: sketches of a diverged run, opscope/sketches.py).  ``+inf``/``-inf`` are stored as they are; a NaN
+#: cannot be: pandas NaN becomes NULL on its way through Arrow (``pa.Table.from_pandas``) and DuckDB's
+#: pandas scan alike, so these columns are nullable and NULL there *means NaN* (the ``nonfinite`` statistic
+#: of the same tensor counts them).  ``(table, column)``; a warehouse created while the column was
+#: ``NOT NULL`` needs ``ALTER TABLE ... ALTER COLUMN ... DROP NOT NULL`` (:func:`relax_not_null`).
+NAN_AS_NULL: tuple[tuple[str, str], ...] = (("sketches", "value"),)
+
+
+def relax_not_null(have_not_null: set[tuple[str, str]]) -> list[str]:
+    """``ALTER TABLE`` statements that drop ``NOT NULL`` from the :data:`NAN_AS_NULL` columns that still have it.
+
+    ``have_not_null``: the ``(table, column)`` pairs an existing warehouse
+    declares ``NOT NULL`` (``information_schema.columns.is_nullable = 'NO'``).
+    Rows are kept; only the constraint goes.
+    """
+    return [f'ALTER TABLE "{t}" ALTER COLUMN "{c}" DROP NOT NULL' for t, c in NAN_AS_NULL if (t, c) in have_not_null]
+
+
 #: Columns renamed since a warehouse may have been created: ``(table, old name, new name)``, applied in
 #: place by :func:`goblin_assets.warehouse.db.ensure_tables` (names gained their unit suffix; docs/naming.md).
 RENAMED_COLUMNS: tuple[tuple[str, str, str], ...] = (
@@ -166,6 +195,25 @@ RENAMED_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("audits", "baseline_throughput", "baseline_throughput_per_s"),
     ("audits", "patched_throughput", "patched_throughput_per_s"),
 )
+
+
+#: Columns added since a warehouse may have been created: ``(table, column)``, in declaration order (each is
+#: the last columns of its table in :data:`TABLES`).  :func:`goblin_assets.warehouse.db.ensure_tables` adds
+#: the ones an existing table lacks (``ALTER TABLE ... ADD COLUMN``, type from :data:`TABLES`); old rows get
+#: NULL, so every added column must be nullable (checked when this module is imported).
+ADDED_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("audits", "speedup_low"), ("audits", "speedup_high"), ("audits", "speedup_level"), ("audits", "speedup_pairs"),
+    ("audits", "speedup_verdict"), ("audits", "calibrated_speedup_low"), ("audits", "calibrated_speedup_high"),
+    ("audits", "calibrated_confidence"), ("audits", "calibration_audits"),
+)
+
+
+def column_type(table: str, column: str) -> tuple[str, bool]:
+    """``(duckdb type, nullable)`` of one column.  Raises KeyError for an unknown table or column."""
+    for name, typ, nullable in TABLES[table]:
+        if name == column:
+            return typ, nullable
+    raise KeyError(f"{table}.{column}")
 
 
 def ddl(table: str) -> str:
@@ -216,3 +264,7 @@ _CHECKS.update({
     ("plan", "measured_speedup"): [pa.Check.gt(0)],
     ("online_sketches", "kind"): [pa.Check.isin(["kll", "hll", "varopt"])],
 })
+
+
+for _t, _c in ADDED_COLUMNS:  # an added column must be nullable: the rows already there have no value for it
+    assert column_type(_t, _c)[1], f"ADDED_COLUMNS: {_t}.{_c} must be nullable"
