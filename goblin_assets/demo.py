@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         mats = res.asset_materializations_for_node("audit_report")
         path = mats[-1].metadata["report_path"].value if mats else None
-        speed = mats[-1].metadata["measured_speedup"].value if mats else None
+        speed = mats[-1].metadata["speedup"].value if mats else None
         reports.append((name, path, speed))
     if after:
         with console.status("building the SQL models"):
@@ -90,8 +90,7 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
     console.print(f"\ndone in {time.perf_counter() - t0:.0f} s")
     for name, path, speed in reports:
-        measured = f"measured speedup {speed:.2f}x" if speed is not None else "replayed: nothing measured"
-        console.print(f"report for {name}: {path}  ({measured})")
+        console.print(f"report for {name}: {path}  (measured speedup: {speed})", highlight=False)
     console.print(f"warehouse: {warehouse_path()}")
     counts = query("SELECT 'runs' t, count(*) n FROM runs UNION ALL SELECT 'sketches', count(*) FROM sketches "
                    "UNION ALL SELECT 'benchmarks', count(*) FROM benchmarks UNION ALL SELECT 'audits', count(*) "

@@ -76,6 +76,8 @@ def test_audit_under_an_interpreter_that_cannot_import_goblin(user_python, gobli
     assert doc["host"]["python"] == str(user_python)
     assert doc["host"]["packages"]["bitsandbytes"] == "0.0.7"          # theirs: not installed in Goblin's venv
     assert doc["measured_speedup"] > 0 and doc["baseline"]["provenance"]["kind"] == "measured"
+    report = Path(doc["report_path"]).read_text()
+    assert f"python {user_python}" in report and "bitsandbytes 0.0.7" in report   # the report lists them too
     ran = {json.loads(p.read_text())["python"] for p in (goblin_home / "runs").glob("*/result.json")}
     assert ran == {str(user_python)}                           # every child: profile, sketch, validate, benchmark
     modes = {p.parent.name.split("-digits_mlp-")[1].split("-")[0] for p in (goblin_home / "runs").glob("*/result.json")}

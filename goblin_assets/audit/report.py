@@ -122,6 +122,8 @@ class AuditReport(BaseModel):
     created_at: str
     nonfinite_markdown: list[str] = Field(default_factory=list)
     nonfinite_html: str = ""
+    python: str | None = None
+    packages: dict[str, str | None] = Field(default_factory=dict)
 
 
 def _accelerator(m: RunMetrics) -> str:
@@ -267,7 +269,8 @@ def _shape(config: ConfigDict, before: RunMetrics) -> str:
 
 def compare_runs(before: RunMetrics, after: RunMetrics, bench: dict[str, BenchmarkResult], patch: Patch,
                  config: ConfigDict, model: str = "", calibration: Calibration | None = None,
-                 nonfinite: NonfiniteEvidence | None = None) -> AuditReport:
+                 nonfinite: NonfiniteEvidence | None = None, python: str | None = None,
+                 packages: dict[str, str | None] | None = None) -> AuditReport:
     """Build the report model from the original and patched runs (pure function).
 
     Parameters
@@ -286,6 +289,8 @@ def compare_runs(before: RunMetrics, after: RunMetrics, bench: dict[str, Benchma
     nonfinite : NonfiniteEvidence, optional
         The "Non-finite values" section (audit/evidence.py), when the run's
         tensors or parameters held NaN or inf.
+    python, packages : optional
+        The job's interpreter and its library versions (the footer states them).
     calibration : Calibration, optional
         The patch's prediction scaled by its rules' record
         (:func:`goblin_assets.audit.calibration.calibrate`); default: the
@@ -339,6 +344,7 @@ def compare_runs(before: RunMetrics, after: RunMetrics, bench: dict[str, Benchma
         cache_hits=[lab for lab, r in bench.items() if r.cache_hit],
         warnings=[*before.warnings, *headroom], created_at=time.strftime("%Y-%m-%d %H:%M:%S"),
         nonfinite_markdown=nonfinite.markdown if nonfinite else [], nonfinite_html=nonfinite.html if nonfinite else "",
+        python=python, packages=dict(packages or {}),
     )
 
 
@@ -439,10 +445,21 @@ def _unit(rep: AuditReport) -> str:
     return rep.throughput_unit or f"{rep.unit}/s"
 
 
+def environment_text(rep: AuditReport) -> str:
+    """The job's interpreter and the versions of its libraries the audit read, e.g. ``python /venv/bin/python;
+    transformers 5.24.0, peft 0.21.2, bitsandbytes not installed`` ('' when unknown)."""
+    if not rep.python and not rep.packages:
+        return ""
+    pkgs = ", ".join(f"{k} {v or 'not installed'}" for k, v in sorted(rep.packages.items()))
+    return f"python {rep.python or '(goblin’s own)'}" + (f"; {pkgs}" if pkgs else "")
+
+
 def _footer(rep: AuditReport) -> str:
+    env = environment_text(rep)
     return (f"This recommendation holds for: workload `{rep.workload}`, model {rep.model or 'unknown'}, "
             f"device {rep.device}, accelerator stack {rep.accelerator_version}, torch {rep.torch_version}, "
-            f"{rep.batch_shape}. Numbers: {rep.provenance}. Generated {rep.created_at}.")
+            f"{rep.batch_shape}" + (f", environment: {env}" if env else "") +
+            f". Numbers: {rep.provenance}. Generated {rep.created_at}.")
 
 
 def speedup_text(rep: AuditReport) -> str:
@@ -648,7 +665,8 @@ def render_html(rep: AuditReport) -> str:
         parts += ["<h2>Notes</h2><ul>", *[f"<li>{_e(w)}</li>" for w in rep.warnings], "</ul>"]
     footer = [("workload", rep.workload), ("model", rep.model or "unknown"), ("device", rep.device),
               ("ROCm/CUDA", rep.accelerator_version), ("torch", rep.torch_version),
-              ("batch/sequence shape", rep.batch_shape), ("numbers", rep.provenance)]
+              ("batch/sequence shape", rep.batch_shape), ("environment", environment_text(rep) or "unknown"),
+              ("numbers", rep.provenance)]
     parts += ["<footer><p><b>This recommendation holds for</b></p><table>",
               *[f"<tr><td>{_e(k)}</td><td>{_e(v)}</td></tr>" for k, v in footer], "</table></footer>",
               "</body></html>"]

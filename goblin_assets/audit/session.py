@@ -490,7 +490,8 @@ class AuditSession:
                 self.results["report_path"] = self.out_dir / "report.md"
             else:
                 rep = compare_runs(before, after, bench, p, cfg, model=self.workload.model,
-                                   calibration=self.calibration(), nonfinite=self.nonfinite())
+                                   calibration=self.calibration(), nonfinite=self.nonfinite(),
+                                   python=getattr(self.runner, "python", None), packages=self.packages_seen())
                 self.results["report_path"] = write_report(rep, self.out_dir)
             return rep
         return self._memo("audit_report", report)

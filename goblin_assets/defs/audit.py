@@ -16,7 +16,7 @@ from dagster_pandera import pandera_schema_to_dagster_type
 from goblin_assets import workloads_root
 from goblin_assets.audit.calibration import HISTORY_SQL
 from goblin_assets.audit.kb import KnowledgeBase, load_kb
-from goblin_assets.audit.report import report_markdown
+from goblin_assets.audit.report import AuditReport, report_markdown, speedup_text
 from goblin_assets.audit.retrieval import MODEL_NAME, KBIndex
 from goblin_assets.audit.session import AuditSession
 from goblin_assets.contracts import BenchmarkResult, ConfigDict, Patch, RuleMatch, RunMetrics
@@ -241,6 +241,8 @@ def audit_report(context: dg.AssetExecutionContext, profile_run: RunMetrics,
                                  "provenance": profile_run.provenance.kind,
                                  "measured_speedup": dg.MetadataValue.float(rep.measured_speedup)
                                  if rep.measured_speedup is not None else dg.MetadataValue.null(),
+                                 "speedup": speedup_text(rep) if isinstance(rep, AuditReport) else
+                                 "not observable (replayed: nothing measured)",
                                  "measured_speedup_interval": dg.MetadataValue.json(
                                      rep.measured_interval.model_dump() if rep.measured_interval else None),
                                  "rules": dg.MetadataValue.json([a.rule_id for a in patch.applied])})
