@@ -147,6 +147,7 @@ class RunProvenance(BaseModel):
 
     kind: Literal["measured", "replayed", "modelled"]
     device: str = "cpu"
+    arch: str | None = None
     profiler: str | None = None
     source: str = ""
     torch_version: str | None = None
@@ -155,6 +156,23 @@ class RunProvenance(BaseModel):
     host: str | None = None
     cpu_count: int | None = None
     measured_at: str | None = None
+
+
+class Signal(BaseModel):
+    """One of the run's own signals (audit/signals.py): a known message that came, or a derived record.
+
+    ``count``: how many times; ``message``: its first text; ``where``: ``file:line``
+    of a warning, ``stderr``, ``loss``, ``optimizer`` or ``parameters``;
+    ``step``: the optimizer step (from 1) it first came in, when known.
+    """
+
+    id: str
+    count: int
+    message: str = ""
+    where: str = ""
+    step: int | None = None
+    meaning: str = ""
+    source: str = ""
 
 
 class RunMetrics(BaseModel):
@@ -174,6 +192,9 @@ class RunMetrics(BaseModel):
     ``prefetch_warmup_steps``: optimizer steps the harness added to the
     warm-up to drain the DataLoader's prefetch queue (None: not reported).
     ``not_observable`` maps a null field's name to the reason it is null.
+    ``signals``: the run's own signals (warnings, stderr lines, loss and
+    gradient records matched to known messages; None: not recorded, e.g. an
+    older recording).
     ``nonfinite_step``: the first optimizer step (1-based, warm-up steps
     counted) after which a parameter held NaN or inf, and
     ``nonfinite_params`` those parameters as the harness describes them
@@ -206,6 +227,7 @@ class RunMetrics(BaseModel):
     nonfinite_step: int | None = None
     nonfinite_params: list[str] = Field(default_factory=list)
     prefetch_warmup_steps: int | None = None
+    signals: list[Signal] | None = None
     warnings: list[str] = Field(default_factory=list)
     not_observable: dict[str, str] = Field(default_factory=dict)
     provenance: RunProvenance = Field(default_factory=lambda: RunProvenance(kind="measured"))
@@ -315,23 +337,48 @@ class Fix(BaseModel):
     keywords: list[KeywordEdit] = Field(default_factory=list)
 
 
+class VersionRange(BaseModel):
+    """Installed versions of one distribution a hazard applies to: ``package`` and a PEP 440
+    ``specifier`` (``>=2.5,<2.6``), checked with ``packaging`` against the job's interpreter's version."""
+
+    package: str
+    specifier: str
+
+
 class Rule(BaseModel):
-    """One hand-written, cited tuning rule (kb/rocm_rules.yaml)."""
+    """One hand-written, cited rule of the knowledge base (kb/rocm_rules.yaml).
+
+    ``kind``: ``tuning`` (a transform with a predicted recovery of
+    ``targets_bucket``), ``hazard`` (a correctness or version problem: a
+    warning with its source, an optional recommended fix, no predicted
+    recovery; it may ``block`` patches into the hazardous path) or
+    ``warning`` (something to tell the user that cannot change throughput,
+    e.g. profiler variables left set).  ``affected_versions``: the installed
+    versions the rule applies to (all must match; a known-bad release).
+    ``devices``: device architectures or names it applies to (``gfx942``,
+    ``gfx90a``, ``sm_80``, ``MI300X``, ``cpu``; empty: any).  ``blocks``: for a
+    hazard that fired, the changes it forbids: ``config.<field>`` (any rule
+    changing that field) or a rule id.
+    """
 
     id: str
+    kind: Literal["tuning", "hazard", "warning"] = "tuning"
     category: Literal[
         "precision", "attention", "memory", "kernels", "env_vars", "optimizer",
-        "data", "compile", "collectives", "topology",
+        "data", "compile", "collectives", "topology", "correctness",
     ]
     platforms: list[Literal["rocm", "cuda", "cpu"]]
     symptom: str
     detect: list[str]
-    fix: Fix
-    targets_bucket: str
-    recovery_fraction: float = Field(ge=0.0, le=1.0)
+    fix: Fix = Field(default_factory=Fix)
+    targets_bucket: str = "useful"
+    recovery_fraction: float = Field(default=0.0, ge=0.0, le=1.0)
     expected_impact: str
     rocm_version_min: str | None = None
     torch_version_min: str | None = None
+    affected_versions: list[VersionRange] = Field(default_factory=list)
+    devices: list[str] = Field(default_factory=list)
+    blocks: list[str] = Field(default_factory=list)
     citation: Citation
     notes: str = ""
 

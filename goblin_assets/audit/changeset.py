@@ -48,7 +48,7 @@ from goblin_assets.contracts import AppliedRule, ConfigDict, KeywordEdit, Rule, 
 #: Largest share of a step the model predicts can be recovered (speedup <= 20x).
 MAX_RECOVERABLE = 0.95
 
-Outcome = Literal["applied", "excluded", "not_applicable", "superseded", "conflict", "satisfied"]
+Outcome = Literal["applied", "excluded", "blocked", "not_applicable", "superseded", "conflict", "satisfied"]
 
 
 class RuleDecision(BaseModel):
@@ -131,6 +131,7 @@ class ChangeSet(BaseModel):
     """
 
     rules: list[Rule]
+    hazards: list[Rule] = Field(default_factory=list)
     values: dict[str, Any]
     cores: int
     shares: dict[str, float]
@@ -233,9 +234,30 @@ def resolve_changes(config: ConfigDict, kb: KnowledgeBase, matches: list[RuleMat
     """
     sh = shares(metrics.waste_budget)
     fired = [kb.by_id[m.rule_id] for m in matches if m.fired and m.rule_id in kb.by_id]
-    fired.sort(key=lambda r: (-_uplift_of(r, sh), r.id))
-    return _resolve(ChangeSet(rules=fired, values=config.values(), cores=cores, shares=sh,
+    hazards = [r for r in fired if r.kind == "hazard"]
+    # a warning changes nothing; a hazard's own fix (a correctness fix) goes first, then tuning by uplift
+    fired = [r for r in fired if r.kind != "warning" and (r.kind == "tuning" or _has_fix(r))]
+    fired.sort(key=lambda r: (r.kind != "hazard", -_uplift_of(r, sh), r.id))
+    return _resolve(ChangeSet(rules=fired, hazards=hazards, values=config.values(), cores=cores, shares=sh,
                               evidence_coverage=evidence_coverage(metrics.waste_budget), excluded=dict(exclude or {})))
+
+
+def _has_fix(rule: Rule) -> bool:
+    fix = rule.fix
+    return bool(fix.config or fix.env or fix.unset_env or fix.keywords)
+
+
+def _blocker(cs: ChangeSet, rule: Rule) -> str | None:
+    """Why a fired hazard forbids ``rule`` (None when none does): it names the rule or a field the rule changes."""
+    for h in cs.hazards:
+        if h.id == rule.id:
+            continue
+        hit = rule.id in h.blocks or any(f"config.{f}" in h.blocks for f in rule.fix.config)
+        if hit:
+            first = " ".join(h.symptom.split()).split(". ")[0].rstrip(".")
+            return (f"blocked by hazard {h.id}: {first} ({h.citation.title}, {h.citation.url}); "
+                    "Goblin proposes no change into that path")
+    return None
 
 
 def _uplift_of(rule: Rule, sh: dict[str, float]) -> float:
@@ -266,6 +288,9 @@ def _decide(cs: ChangeSet, rule: Rule) -> RuleDecision:
 
     if rule.id in cs.excluded:
         return drop("excluded", cs.excluded[rule.id])
+    blocked = _blocker(cs, rule)
+    if blocked is not None:
+        return drop("blocked", blocked)
     values, changes = cs.values, cs.changes
     try:
         proposal: dict[str, Any] = {}

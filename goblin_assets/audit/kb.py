@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from pydantic import ValidationError
 
 from goblin_assets.contracts import (
@@ -53,7 +54,10 @@ from goblin_assets.contracts import (
 )
 from goblin_assets.errors import KBError
 from goblin_assets.host import HOST_KEYS, HostFacts, current_host
+from goblin_assets.audit.signals import DERIVED, signal_counts, signal_ids
 from goblin_assets.runners.categories import category_pct, groups
+from goblin_assets.runners.devices import DEVICE_KEYS, device_facts
+from goblin_assets.runners.devices import matches as device_matches
 
 DEFAULT_KB = files("goblin_assets") / "kb" / "rocm_rules.yaml"
 
@@ -67,7 +71,7 @@ _OPS = {
 }
 _ORDER = ("<", "<=", ">", ">=", "==", "!=")
 _ROOTS = ("config", "waste", "metrics", "env", "env_prefix", "platform", "cores", "torch_version",
-          "rocm_version", "kernels", "host", "packages", "patterns")
+          "rocm_version", "kernels", "host", "packages", "patterns", "device", "signals", "local_world_size")
 _VERSION_PATHS = ("torch_version", "rocm_version")
 
 
@@ -147,8 +151,42 @@ def load_kb(path: str | Path | None = None) -> KnowledgeBase:
         for fld in rule.fix.config:
             if fld not in CONFIG_FIELDS:
                 raise KBError(f"{p}: rule {rule.id}: field 'fix.config': unknown ConfigDict field {fld!r}")
+        problem = _check_kind(rule)
+        if problem:
+            raise KBError(f"{p}: rule {rule.id}: {problem}")
         rules.append(rule)
+    ids = {r.id for r in rules}
+    for rule in rules:
+        for target in rule.blocks:
+            if not (target in ids or (target.startswith("config.") and target[7:] in CONFIG_FIELDS)):
+                raise KBError(f"{p}: rule {rule.id}: field 'blocks': {target!r} is neither a rule id nor "
+                              "config.<field>")
     return KnowledgeBase(rules=rules, path=p, sha256=hashlib.sha256(text.encode()).hexdigest())
+
+
+def _check_kind(rule: Rule) -> str:
+    """What is wrong with a rule's kind-specific fields ('' when nothing).
+
+    A ``warning`` changes nothing (no fix, no recovery): profiler variables and
+    the like are reported, never tuned.  A ``hazard`` predicts no recovery.
+    Only a hazard ``blocks``.  A ``tuning`` rule has a transform.
+    """
+    fix = rule.fix
+    has_fix = bool(fix.config or fix.env or fix.unset_env or fix.keywords)
+    if rule.kind == "warning" and (has_fix or rule.recovery_fraction):
+        return "field 'kind': a warning has no fix and no recovery_fraction (it cannot change throughput)"
+    if rule.kind == "hazard" and rule.recovery_fraction:
+        return "field 'recovery_fraction': a hazard predicts no recovery (it is about correctness)"
+    if rule.blocks and rule.kind != "hazard":
+        return "field 'blocks': only a hazard blocks other changes"
+    if rule.kind == "tuning" and not has_fix:
+        return "field 'fix': a tuning rule needs a transform (config, env, unset_env or keywords)"
+    for rng in rule.affected_versions:
+        try:
+            SpecifierSet(rng.specifier)
+        except InvalidSpecifier:
+            return f"field 'affected_versions': {rng.specifier!r} is not a version specifier (PEP 440)"
+    return ""
 
 
 def detect_context(config: ConfigDict, metrics: RunMetrics, host: HostFacts | None = None, *,
@@ -194,6 +232,9 @@ def detect_context(config: ConfigDict, metrics: RunMetrics, host: HostFacts | No
         "host": host.host_context(),
         "packages": _Packages(given, host if packages is None else None),
         "patterns": PatternScores(patterns),
+        "device": device_facts(prov.device, prov.arch, _device_memory_gb(metrics), host.cpu_bf16_matmul),
+        "signals": signal_counts(metrics.signals) if metrics.signals is not None else {},
+        "local_world_size": local_world_size(env_now),
     }
 
 
@@ -285,7 +326,7 @@ def _check_path(path: str) -> str | None:
     root, rest = parts[0], parts[1:]
     if root not in _ROOTS:
         return f"unknown root {root!r} (one of {', '.join(_ROOTS)})"
-    if root in ("platform", "cores", "torch_version", "rocm_version"):
+    if root in ("platform", "cores", "torch_version", "rocm_version", "local_world_size"):
         return f"{root} has no sub-fields" if rest else None
     if not rest:
         return f"{root} needs a field ({root}.<name>)"
@@ -299,6 +340,10 @@ def _check_path(path: str) -> str | None:
         return f"expected kernels.<kind>.pct with a kind of {', '.join(groups())}"
     if root == "host" and (len(rest) != 1 or rest[0] not in HOST_KEYS):
         return f"unknown host key {'.'.join(rest)!r} (one of {', '.join(HOST_KEYS)})"
+    if root == "device" and (len(rest) != 1 or rest[0] not in DEVICE_KEYS):
+        return f"unknown device key {'.'.join(rest)!r} (one of {', '.join(DEVICE_KEYS)})"
+    if root == "signals" and (len(rest) != 1 or rest[0] not in signal_ids()):
+        return f"unknown signal {'.'.join(rest)!r} (goblin_assets/kb/signals.yaml or {', '.join(DERIVED)})"
     if root == "patterns" and (len(rest) < 2 or rest[-1] not in PATTERN_FINDINGS):
         return (f"expected patterns.<site>.<finding> (site: a module path or 'any') with a finding of "
                 f"{', '.join(PATTERN_FINDINGS)}")
@@ -399,20 +444,67 @@ def check_condition(cond: str, ctx: dict[str, Any]) -> tuple[bool, str]:
 
 
 def match_rule(rule: Rule, ctx: dict[str, Any]) -> RuleMatch:
-    """Check every condition of ``rule``; it fires only if all hold and the platform fits."""
+    """Check every condition of ``rule``; it fires only if all hold, the platform and device fit, the known
+    versions are not below its minimums, and every ``affected_versions`` range holds the installed version."""
     results = [check_condition(c, ctx) for c in rule.detect]
     platform_ok = ctx.get("platform") in rule.platforms
+    device = ctx.get("device") or {}
+    device_ok = device_matches(rule.devices, device)
     too_old = _too_old(rule, ctx)
+    unaffected = _not_affected(rule, ctx)
     held = sum(ok for ok, _ in results)
     score = held / len(results) if results else 0.0
-    fired = platform_ok and not too_old and held == len(results)
+    fired = platform_ok and device_ok and not too_old and not unaffected and held == len(results)
     reason = "; ".join(expl for _, expl in results)
-    if too_old:
-        reason = f"{too_old}; " + reason
-    if not platform_ok:
-        reason = f"platform {ctx.get('platform')} not in {rule.platforms}; " + reason
+    for why in (unaffected, too_old,
+                "" if device_ok else f"device {device.get('name')} ({device.get('arch')}) not in {rule.devices}",
+                "" if platform_ok else f"platform {ctx.get('platform')} not in {rule.platforms}"):
+        if why:
+            reason = f"{why}; " + reason
     evidence = {c: expl for c, (_, expl) in zip(rule.detect, results)}
+    if rule.affected_versions:
+        evidence["affected_versions"] = unaffected or "the installed versions are affected"
     return RuleMatch(rule_id=rule.id, fired=fired, detect_score=score, evidence=evidence, reason=reason)
+
+
+def _installed(ctx: dict[str, Any], package: str) -> str | None:
+    """The job's version of ``package``: the run's torch for torch, else the host facts' packages."""
+    if package == "torch" and ctx.get("torch_version"):
+        return ctx["torch_version"]
+    packages = ctx.get("packages")
+    return packages[package] if packages is not None else None
+
+
+def _not_affected(rule: Rule, ctx: dict[str, Any]) -> str:
+    """Why the installed versions are outside the rule's ``affected_versions`` ('' when every range holds)."""
+    for rng in rule.affected_versions:
+        version = _installed(ctx, rng.package)
+        if version is None:
+            return f"{rng.package} is not installed (affected: {rng.specifier})"
+        release = ".".join(str(x) for x in (version_tuple(version) or ()))
+        if not release or not SpecifierSet(rng.specifier).contains(release, prereleases=True):
+            return f"{rng.package} {version} is outside the affected versions {rng.specifier}"
+    return ""
+
+
+def _device_memory_gb(metrics: RunMetrics) -> float | None:
+    """The device's total memory measured by the run (GB): peak + headroom on a GPU run, else None."""
+    if metrics.provenance.device == "cpu" or metrics.mem_peak_gb is None or metrics.memory_headroom_gb is None:
+        return None
+    return metrics.mem_peak_gb + metrics.memory_headroom_gb
+
+
+def local_world_size(env: dict[str, str]) -> int:
+    """Processes of the job on this node: ``LOCAL_WORLD_SIZE`` (torchrun, accelerate) or ``OMPI_COMM_WORLD_LOCAL_SIZE``
+    / ``SLURM_NTASKS_PER_NODE`` (MPI, Slurm launchers); 1 when none is set or it is not a number."""
+    for var in ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE"):
+        try:
+            n = int(str(env.get(var, "")).split("(")[0])
+        except ValueError:
+            continue
+        if n > 0:
+            return n
+    return 1
 
 
 def _too_old(rule: Rule, ctx: dict[str, Any]) -> str:

@@ -51,6 +51,7 @@ from goblin_assets.audit.changeset import (
     MAX_RECOVERABLE, ChangeSet, CompanionEdit, RuleDecision, companions_for, resolve_changes,
 )
 from goblin_assets.audit.kb import KnowledgeBase
+from goblin_assets.audit.overrides import overriding_call
 from goblin_assets.audit.source_edit import Document, SourceWriter, TextWriter, installed_packages
 from goblin_assets.audit.write_mapping import JsonWriter, YamlWriter
 from goblin_assets.audit.write_python import PythonWriter
@@ -81,6 +82,9 @@ def _write(config: ConfigDict, path: Path, changes: dict[str, Any], companions: 
         prov = config.provenance.get(fld)
         if prov is not None and prov.file and prov.kind != "unset" and Path(prov.file).name != path.name:
             raise PatchError(f"{fld} is set in {prov.file}, not in {path.name}; edit that file")
+        wins = overriding_call(doc.read.tree, fld, value)
+        if wins:
+            raise PatchError(f"{wins}, which wins over the config: editing {fld} would change nothing")
         if not writer.rewrite(fld, value):
             writer.insert(fld, value)
         for edit in companions:

@@ -5,6 +5,7 @@ import statistics
 import time
 from pathlib import Path
 
+from goblin_assets.audit.signals import run_signals
 from goblin_assets.audit.waste import waste_budget
 from goblin_assets.contracts import KernelShare, RunMetrics, RunProvenance
 from goblin_assets.host import HostFacts, current_host
@@ -25,7 +26,7 @@ def run_provenance(raw: RawRun, host: HostFacts | None = None) -> RunProvenance:
     r = raw.result
     host = host or current_host()
     return RunProvenance(
-        kind="measured", device=r.device_name or r.device,
+        kind="measured", device=r.device_name or r.device, arch=r.device_arch,
         profiler="torch.profiler" if raw.mode == "profile" else None,
         source=str(raw.run_dir), torch_version=r.torch_version,
         hip_version=r.hip_version, cuda_version=r.cuda_version,
@@ -50,6 +51,7 @@ def timed_metrics(raw: RawRun, workload: Workload, host: HostFacts | None = None
     m = RunMetrics(workload=workload.name, unit=workload.unit, run_dir=str(raw.run_dir),
                    provenance=run_provenance(raw, host), warnings=list(raw.result.warnings),
                    **throughput_fields(raw, workload))
+    m.signals = run_signals(raw.result, raw.stderr_tail)
     m.not_observable["waste_budget"] = f"a {raw.mode} run times its steps without the profiler: no trace"
     return m
 
@@ -127,6 +129,7 @@ def profile_run(workload: Workload, runner: Runner, steps: int = 10, warmup: int
     m = RunMetrics(workload=workload.name, unit=workload.unit, run_dir=str(raw.run_dir),
                    provenance=run_provenance(raw, host), warnings=list(r.warnings),
                    trace_path=str(raw.trace_path), **throughput_fields(raw, workload))
+    m.signals = run_signals(r, raw.stderr_tail)
     summary = read_trace(raw.trace_path)
     m.waste_budget = waste_budget(summary, m.step_time_s, bf16_matmul=host.cpu_bf16_matmul)
     total_us = sum(s.dur_us for s in summary.steps)

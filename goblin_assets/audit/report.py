@@ -124,6 +124,7 @@ class AuditReport(BaseModel):
     nonfinite_html: str = ""
     python: str | None = None
     packages: dict[str, str | None] = Field(default_factory=dict)
+    hazards: list[HazardNote] = Field(default_factory=list)
 
 
 def _accelerator(m: RunMetrics) -> str:
@@ -270,7 +271,8 @@ def _shape(config: ConfigDict, before: RunMetrics) -> str:
 def compare_runs(before: RunMetrics, after: RunMetrics, bench: dict[str, BenchmarkResult], patch: Patch,
                  config: ConfigDict, model: str = "", calibration: Calibration | None = None,
                  nonfinite: NonfiniteEvidence | None = None, python: str | None = None,
-                 packages: dict[str, str | None] | None = None) -> AuditReport:
+                 packages: dict[str, str | None] | None = None,
+                 hazards: list[HazardNote] | None = None) -> AuditReport:
     """Build the report model from the original and patched runs (pure function).
 
     Parameters
@@ -291,6 +293,8 @@ def compare_runs(before: RunMetrics, after: RunMetrics, bench: dict[str, Benchma
         tensors or parameters held NaN or inf.
     python, packages : optional
         The job's interpreter and its library versions (the footer states them).
+    hazards : list of HazardNote, optional
+        The hazards and warnings that fired (:func:`hazard_notes`).
     calibration : Calibration, optional
         The patch's prediction scaled by its rules' record
         (:func:`goblin_assets.audit.calibration.calibrate`); default: the
@@ -344,7 +348,7 @@ def compare_runs(before: RunMetrics, after: RunMetrics, bench: dict[str, Benchma
         cache_hits=[lab for lab, r in bench.items() if r.cache_hit],
         warnings=[*before.warnings, *headroom], created_at=time.strftime("%Y-%m-%d %H:%M:%S"),
         nonfinite_markdown=nonfinite.markdown if nonfinite else [], nonfinite_html=nonfinite.html if nonfinite else "",
-        python=python, packages=dict(packages or {}),
+        python=python, packages=dict(packages or {}), hazards=list(hazards or []),
     )
 
 
@@ -422,6 +426,68 @@ def plot_report(rep: AuditReport, path: Path) -> Path:
 
 
 # --------------------------------------------------------------------------- markdown
+
+class HazardNote(BaseModel):
+    """A hazard or warning that fired: what it is, what to do, its source, and what it forbids (``blocks``)."""
+
+    rule_id: str
+    kind: str
+    text: str
+    action: str
+    title: str
+    url: str
+    blocks: list[str] = Field(default_factory=list)
+
+
+def hazard_notes(kb, matches) -> list[HazardNote]:
+    """The fired rules of kind ``hazard`` or ``warning`` of ``matches`` (a KnowledgeBase's rules), hazards first."""
+    out = []
+    for m in matches:
+        r = kb.by_id.get(m.rule_id) if m.fired else None
+        if r is not None and r.kind in ("hazard", "warning"):
+            out.append(HazardNote(rule_id=r.id, kind=r.kind, text=" ".join(r.symptom.split()),
+                                  action=" ".join(r.expected_impact.split()), title=r.citation.title,
+                                  url=r.citation.url, blocks=list(r.blocks)))
+    return sorted(out, key=lambda h: (h.kind != "hazard", h.rule_id))
+
+
+def _no_rule_text(applied: list, dropped: list[str]) -> str:
+    if dropped:
+        return (f"No rule was applied: {len(dropped)} fired and could not be applied (see \"Not applied\"); "
+                "the file is unchanged.")
+    return "No tuning rule fired: nothing to patch."
+
+
+def rules_markdown(applied: list, dropped: list[str], env: dict[str, str], unset_env: list[str],
+                   hazards: list[HazardNote], consistency_notes: list[str] = ()) -> list[str]:
+    """The report's rule sections as markdown lines: hazards and warnings, every applied rule with each change
+    and its value (environment variables included), how rules were combined, every dropped rule with its reason,
+    and the environment of the patched run.  Shared by measured and replayed reports."""
+    out: list[str] = []
+    if hazards:
+        out += ["## Hazards and warnings", ""]
+        for h in hazards:
+            blocks = f" Blocks: {', '.join(f'`{b}`' for b in h.blocks)}." if h.blocks else ""
+            out += [f"- **{h.kind}: {h.rule_id}**: {h.text} {h.action}{blocks} Source: [{h.title}]({h.url})."]
+        out.append("")
+    out += ["## Applied rules", ""]
+    if not applied:
+        out.append(_no_rule_text(applied, dropped))
+    for a in applied:
+        changes = ", ".join(f"`{k}` {_fmt_change(v)}" for k, v in a.changes.items())
+        out += [f"- **{a.rule_id}** ({a.category}, targets `{a.targets_bucket}`, predicted "
+                f"{a.predicted_recovery:.0%} of the step): {changes}.",
+                f"  {a.rationale}",
+                f"  Source: [{a.citation.title}]({a.citation.url}), {a.citation.section}."]
+    if consistency_notes:
+        out += ["", "How the rules were combined:", *[f"- {n}" for n in consistency_notes]]
+    if dropped:
+        out += ["", "Not applied:", *[f"- {d}" for d in dropped]]
+    if env or unset_env:
+        out += ["", "Environment changes for the patched run:", "", "```sh",
+                *[f"export {k}={v}" for k, v in env.items()], *[f"unset {k}" for k in unset_env], "```"]
+    return out
+
 
 def _fmt_change(v: dict) -> str:
     frm = v.get("from", "unset")
@@ -519,22 +585,8 @@ def render_markdown(rep: AuditReport, chart_name: str | None = None) -> str:
         status = bc.before_status if bc.before_status == bc.after_status else f"{bc.before_status} / {bc.after_status}"
         out.append(f"| {bc.bucket} | {bc.before_s * 1e3:.2f} ms | {bc.before_share:.0%} | {bc.after_s * 1e3:.2f} ms | "
                    f"{bc.after_share:.0%} | {status} |")
-    out += ["", "## Applied rules", ""]
-    if not rep.applied:
-        out.append("No rule fired: nothing to patch.")
-    for a in rep.applied:
-        changes = ", ".join(f"`{k}` {_fmt_change(v)}" for k, v in a.changes.items())
-        out += [f"- **{a.rule_id}** ({a.category}, targets `{a.targets_bucket}`, predicted "
-                f"{a.predicted_recovery:.0%} of the step): {changes}.",
-                f"  {a.rationale}",
-                f"  Source: [{a.citation.title}]({a.citation.url}), {a.citation.section}."]
-    if rep.consistency_notes:
-        out += ["", "How the rules were combined:", *[f"- {n}" for n in rep.consistency_notes]]
-    if rep.dropped:
-        out += ["", "Not applied:", *[f"- {d}" for d in rep.dropped]]
-    if rep.env or rep.unset_env:
-        out += ["", "Environment changes for the patched run:", "", "```sh",
-                *[f"export {k}={v}" for k, v in rep.env.items()], *[f"unset {k}" for k in rep.unset_env], "```"]
+    out += ["", *rules_markdown(rep.applied, rep.dropped, rep.env, rep.unset_env, rep.hazards,
+                                rep.consistency_notes)]
     out += ["", "## Patch to your file", "", "```diff", rep.diff.rstrip() or "(no change)", "```", "",
             "Secrets and personal paths in it are redacted here; `patch.diff` beside this report is the exact "
             "diff: apply it in the workload folder with `git apply` or `patch -p1`.", ""]
@@ -639,9 +691,16 @@ def render_html(rep: AuditReport) -> str:
         status = bc.before_status if bc.before_status == bc.after_status else f"{bc.before_status} / {bc.after_status}"
         parts.append(f"<tr><td>{_e(bc.bucket)}</td><td>{bc.before_s * 1e3:.2f} ms</td><td>{bc.before_share:.0%}</td>"
                      f"<td>{bc.after_s * 1e3:.2f} ms</td><td>{bc.after_share:.0%}</td><td>{_e(status)}</td></tr>")
-    parts += ["</table>", "<h2>Applied rules</h2>"]
+    parts += ["</table>"]
+    if rep.hazards:
+        parts += ["<h2>Hazards and warnings</h2>", *[
+            f'<div class="rule"><span class="id">{_e(h.kind)}: {_e(h.rule_id)}</span><br>{_e(h.text)} '
+            f"{_e(h.action)}" + (f"<br>Blocks: {_e(', '.join(h.blocks))}" if h.blocks else "") +
+            f'<br><span class="muted">Source: <a href="{_e(h.url)}">{_e(h.title)}</a></span></div>'
+            for h in rep.hazards]]
+    parts += ["<h2>Applied rules</h2>"]
     if not rep.applied:
-        parts.append("<p>No rule fired: nothing to patch.</p>")
+        parts.append(f"<p>{_e(_no_rule_text(rep.applied, rep.dropped))}</p>")
     for a in rep.applied:
         changes = ", ".join(f"<code>{_e(k)}</code> {_e(_fmt_change(v))}" for k, v in a.changes.items())
         parts.append(
@@ -743,7 +802,7 @@ class ReplayReport(BaseModel):
 
 
 def replay_report(before: RunMetrics, patch: Patch, config: ConfigDict, model: str = "",
-                  calibration: Calibration | None = None) -> ReplayReport:
+                  calibration: Calibration | None = None, hazards: list[HazardNote] | None = None) -> ReplayReport:
     """The report of an audit whose run was replayed (pure function).
 
     Parameters
@@ -759,6 +818,8 @@ def replay_report(before: RunMetrics, patch: Patch, config: ConfigDict, model: s
     calibration : Calibration, optional
         The patch's prediction scaled by its rules' record (default: the
         model's prediction unscaled).
+    hazards : list of HazardNote, optional
+        The hazards and warnings that fired.
 
     Units: step times in ms, throughputs in the run's ``throughput_unit``.
     """
@@ -778,10 +839,9 @@ def replay_report(before: RunMetrics, patch: Patch, config: ConfigDict, model: s
            f"## Recorded run ({kind})", "", "| metric | value |", "|---|---|", *[f"| {k} | {v} |" for k, v in rows],
            "", f"## Waste budget per step ({kind})", "", "| bucket | ms/step | status |", "|---|---|---|",
            *[f"| {k} | {b.seconds * 1e3:.2f} | {b.status} |" for k, b in before.waste_budget.items()],
-           "", "## Applied rules", ""]
-    out += [f"- **{a.rule_id}** (targets `{a.targets_bucket}`, predicted {a.predicted_recovery:.0%} of the step): "
-            f"{a.rationale} Source: [{a.citation.title}]({a.citation.url}), {a.citation.section}."
-            for a in patch.applied] or ["No rule fired: nothing to patch."]
+           ""]
+    out += rules_markdown(patch.applied, patch.dropped, patch.env, patch.unset_env, list(hazards or []),
+                          patch.consistency_notes)
     out += ["", "## Patch to your file", "", "```diff", redact(patch.diff).rstrip() or "(no change)", "```", ""]
     if before.warnings:
         out += ["## Notes", "", *[f"- {w}" for w in before.warnings], ""]

@@ -55,13 +55,13 @@ from goblin_assets import goblin_home
 from goblin_assets.audit.benchmark import benchmark
 from goblin_assets.audit.calibration import Calibration, calibrate
 from goblin_assets.audit.config import parse_config
-from goblin_assets.audit.kb import KnowledgeBase, detect_context, load_kb, match_rules
+from goblin_assets.audit.kb import KnowledgeBase, detect_context, load_kb, local_world_size, match_rules
 from goblin_assets.audit.changeset import ChangeSet
 from goblin_assets.audit.evidence import NonfiniteEvidence, nonfinite_evidence
 from goblin_assets.audit.patch import edit_source, propose_patch, unified_diff, write_changes
 from goblin_assets.audit.profile import profile_run, timed_metrics
 from goblin_assets.audit.report import (
-    AuditReport, ReplayReport, compare_runs, replay_report, write_html, write_report,
+    AuditReport, ReplayReport, compare_runs, hazard_notes, replay_report, write_html, write_report,
 )
 from goblin_assets.audit.retrieval import KBIndex, embedding_frame, index_for, retrieval_scores, run_symptoms
 from goblin_assets.contracts import (
@@ -245,8 +245,15 @@ class AuditSession:
 
 
     def cores(self) -> int:
-        """CPU cores of the job (the ``cores`` name of detect conditions and fix expressions)."""
-        return self.host.cores or self.host.affinity_cpus or self.host.online_cpus or 1
+        """CPU cores of one process of the job (the ``cores`` name of detect conditions and fix expressions).
+
+        The host's cores (its CPU affinity) shared by the processes the launcher
+        starts on this node (``LOCAL_WORLD_SIZE`` and the like,
+        :func:`goblin_assets.audit.kb.local_world_size`): with 8 ranks on 80 CPUs
+        each rank sizes its workers and threads from 10, never from 80.
+        """
+        total = self.host.cores or self.host.affinity_cpus or self.host.online_cpus or 1
+        return max(1, total // local_world_size(self.host.job_env()))
 
     def packages_seen(self) -> dict[str, str | None]:
         """The package versions of the job's environment the audit knows (interpreter or recording), by name."""
@@ -485,13 +492,15 @@ class AuditSession:
             bench, after = self.benchmarks(), self.patched_run()
             self.out_dir.mkdir(parents=True, exist_ok=True)
             if bench is None or after is None:
-                rep = replay_report(before, p, cfg, model=self.workload.model, calibration=self.calibration())
+                rep = replay_report(before, p, cfg, model=self.workload.model, calibration=self.calibration(),
+                                    hazards=hazard_notes(self.rules(), self.kb_matches()))
                 (self.out_dir / "report.md").write_text(rep.markdown, encoding="utf-8")
                 self.results["report_path"] = self.out_dir / "report.md"
             else:
                 rep = compare_runs(before, after, bench, p, cfg, model=self.workload.model,
                                    calibration=self.calibration(), nonfinite=self.nonfinite(),
-                                   python=getattr(self.runner, "python", None), packages=self.packages_seen())
+                                   python=getattr(self.runner, "python", None), packages=self.packages_seen(),
+                                   hazards=hazard_notes(self.rules(), self.kb_matches()))
                 self.results["report_path"] = write_report(rep, self.out_dir)
             return rep
         return self._memo("audit_report", report)
@@ -611,6 +620,7 @@ class AuditSession:
             "confidence": rep.confidence,
             "rules": [a.rule_id for a in p.applied],
             "fired_rules": [m.rule_id for m in self.kb_matches() if m.fired],
+            "hazards": [h.model_dump() for h in hazard_notes(self.rules(), self.kb_matches())],
             "dropped_rules": p.dropped,
             "diff": redact(p.diff),
             "report_path": str(self.report_path),

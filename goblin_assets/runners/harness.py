@@ -43,6 +43,7 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import json
+import math
 import os
 import resource
 import runpy
@@ -53,7 +54,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import torch
-from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils.data import dataloader as _dl
 
 #: The most optimizer steps the warm-up is extended by to drain a DataLoader's prefetch queue.
@@ -170,6 +171,11 @@ class Harness:
         self.prefetch_depth: int | None = None  # batches a loader's workers queue ahead (workers x prefetch_factor)
         self.prefetch_warmup = 0  # optimizer steps added to the warm-up to drain that queue
         self.dataset_samples: int | None = None  # len() of the first loader's dataset (None: unknown)
+        self.py_warnings: dict[tuple[str, str], dict] = {}  # (category, message) -> where first seen, count
+        self.step_losses: list = []     # the last scalar .backward() of each optimizer step (detached tensors)
+        self.cur_loss = None
+        self.grads_missing: list[int] = []  # per optimizer step: trainable parameters with no gradient
+        self.params_trainable = 0
         self.optimizers: list = []
         self.first_nonfinite: int | None = None
         self.prof = None
@@ -202,10 +208,46 @@ class Harness:
 
         _dl._BaseDataLoaderIter.__next__ = __next__
 
+    # -- the run's own signals -----------------------------------------------------
+    def install_signal_hooks(self) -> None:
+        """Record Python warnings (deduplicated), each step's loss (the last scalar ``.backward()``) and,
+        before each optimizer step, how many trainable parameters have no gradient."""
+        h = self
+        show = warnings.showwarning
+
+        def showwarning(message, category, filename, lineno, file=None, line=None):
+            key = (category.__name__, str(message)[:500])
+            seen = h.py_warnings.setdefault(key, {"category": key[0], "message": key[1],
+                                                  "where": f"{Path(filename).name}:{lineno}", "count": 0,
+                                                  "step": h.step + 1})
+            seen["count"] += 1
+            if seen["count"] == 1:
+                show(message, category, filename, lineno, file, line)
+
+        warnings.showwarning = showwarning
+        backward = torch.Tensor.backward
+
+        def recording_backward(tensor, *a, **kw):
+            if tensor.numel() == 1:
+                h.cur_loss = tensor.detach()
+            return backward(tensor, *a, **kw)
+
+        torch.Tensor.backward = recording_backward
+
+        def before_step(optimizer, args, kwargs):
+            params = [p for g in optimizer.param_groups for p in g["params"]
+                      if isinstance(p, torch.Tensor) and p.requires_grad]
+            h.params_trainable = max(h.params_trainable, len(params))
+            h.grads_missing.append(sum(p.grad is None for p in params))
+
+        self._pre_hook = register_optimizer_step_pre_hook(before_step)
+
     # -- optimizer hook ----------------------------------------------------------
     def on_step(self, optimizer, args, kwargs) -> None:
         now = time.perf_counter()
         self.step += 1
+        self.step_losses.append(self.cur_loss)
+        self.cur_loss = None
         if not any(o is optimizer for o in self.optimizers):
             self.optimizers.append(optimizer)
         # parameters checked for NaN/Inf after every warm-up step and every sketch step (never inside a timed step)
@@ -246,6 +288,14 @@ class Harness:
             return  # once: the extended warm-up's own end must not extend it again
         self.prefetch_warmup = min(MAX_PREFETCH_WARMUP, -(-self.prefetch_depth // self.cur[4]))
         self.warmup += self.prefetch_warmup
+
+    def _losses(self) -> list:
+        """Each optimizer step's loss as a float (None: no scalar backward seen; NaN/inf as strings for JSON)."""
+        out = []
+        for t in self.step_losses:
+            v = None if t is None else float(t.float().cpu())
+            out.append(v if v is None or math.isfinite(v) else str(v))
+        return out
 
     def _nonfinite_params(self, limit: int = 10) -> list[str]:
         """The parameters of the optimizers stepped so far that hold NaN or Inf (at most ``limit``), described.
@@ -305,11 +355,17 @@ class Harness:
             max_rss_gb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9,
             rss_gb_samples=[r / 1e9 for r in self.rss_samples], python=sys.executable,
             prefetch_warmup_steps=self.prefetch_warmup, dataset_samples=self.dataset_samples,
+            python_warnings=list(self.py_warnings.values())[:50], losses=self._losses(),
+            grads_missing=self.grads_missing, params_trainable=self.params_trainable,
             nonfinite_params=self._nonfinite_params(),
             first_nonfinite_step=self.first_nonfinite,
         )
         if self.device_kind == "cuda":
             result["device_name"] = torch.cuda.get_device_name(0)
+            props = torch.cuda.get_device_properties(0)
+            # ROCm: the LLVM target ("gfx942:sramecc+:xnack-"); CUDA: the compute capability as sm_XY
+            result["device_arch"] = (getattr(props, "gcnArchName", "") or "").split(":")[0] or \
+                f"sm_{props.major}{props.minor}"
             result["mem_peak_gb"] = torch.cuda.max_memory_allocated() / 1e9
             if self.mem_boundary:
                 result["mem_static_gb"] = min(self.mem_boundary) / 1e9
@@ -342,6 +398,7 @@ def main(argv: list[str]) -> int:
     if spec.get("threads"):
         torch.set_num_threads(int(spec["threads"]))
     h.install_loader_counter()
+    h.install_signal_hooks()
     cap_trainer_max_steps(h.warmup + h.steps + (MAX_PREFETCH_WARMUP if h.mode in ("profile", "benchmark") else 0))
     handle = register_optimizer_step_post_hook(h.on_step)
     script = spec["script"]

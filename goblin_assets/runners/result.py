@@ -98,6 +98,22 @@ class OpTime(BaseModel):
     count: int
 
 
+class PyWarning(BaseModel):
+    """A Python warning the user's script raised, deduplicated by category and message.
+
+    ``where`` is ``file:line`` of its first occurrence, ``step`` the optimizer
+    step (from 1) during which it first came, ``count`` how many times it came.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    category: str
+    message: str
+    where: str
+    count: int = Field(ge=1)
+    step: int = Field(ge=1)
+
+
 class HarnessResult(BaseModel):
     """Everything the child harness reports to the parent (``RUN_DIR/result.json``).
 
@@ -118,6 +134,11 @@ class HarnessResult(BaseModel):
     (described by place, shape and dtype; at most 10); ``first_nonfinite_step``
     the first optimizer step (counting warm-up, from 1) after which one did,
     as far as checked (every warm-up step; every step in ``sketch`` mode).
+    The run's own signals: ``python_warnings`` (deduplicated, first 50),
+    ``losses`` (each optimizer step's last scalar ``.backward()`` value, from
+    step 1; ``"nan"``/``"inf"`` as strings; None where no scalar backward was
+    seen), ``grads_missing`` (per step, trainable parameters of the stepped
+    optimizers whose ``.grad`` was None at the step) and ``params_trainable``.
     Host facts (cores, CPU instruction sets) are not the harness's to report:
     they come from :mod:`goblin_assets.host`.
     """
@@ -136,6 +157,7 @@ class HarnessResult(BaseModel):
     max_rss_gb: float = Field(ge=0)
     rss_gb_samples: list[float] = Field(default_factory=list)
     device_name: str | None = None
+    device_arch: str | None = None
     mem_peak_gb: float | None = None
     mem_static_gb: float | None = None
     mem_total_gb: float | None = None
@@ -147,6 +169,10 @@ class HarnessResult(BaseModel):
     dataset_samples: int | None = Field(default=None, ge=0)
     nonfinite_params: list[str] = Field(default_factory=list)
     first_nonfinite_step: int | None = None
+    python_warnings: list[PyWarning] = Field(default_factory=list)
+    losses: list[float | str | None] = Field(default_factory=list)
+    grads_missing: list[int] = Field(default_factory=list)
+    params_trainable: int = Field(default=0, ge=0)
 
     @property
     def trace_path(self) -> Path | None:
