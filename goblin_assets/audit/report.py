@@ -36,7 +36,7 @@ from goblin_assets.audit.calibration import Calibration, calibrate
 from goblin_assets.audit.evidence import NonfiniteEvidence
 from goblin_assets.audit.waste import shares
 from goblin_assets.contracts import (
-    WASTE_BUCKETS, AppliedRule, BenchmarkResult, ConfigDict, Patch, RunMetrics,
+    WASTE_BUCKETS, AppliedRule, BenchmarkResult, ConfigDict, Patch, RunMetrics, Signal,
 )
 
 #: Bucket colours shared by the PNG and the HTML legend.
@@ -125,6 +125,7 @@ class AuditReport(BaseModel):
     python: str | None = None
     packages: dict[str, str | None] = Field(default_factory=dict)
     hazards: list[HazardNote] = Field(default_factory=list)
+    signals: list[Signal] = Field(default_factory=list)
 
 
 def _accelerator(m: RunMetrics) -> str:
@@ -348,7 +349,7 @@ def compare_runs(before: RunMetrics, after: RunMetrics, bench: dict[str, Benchma
         cache_hits=[lab for lab, r in bench.items() if r.cache_hit],
         warnings=[*before.warnings, *headroom], created_at=time.strftime("%Y-%m-%d %H:%M:%S"),
         nonfinite_markdown=nonfinite.markdown if nonfinite else [], nonfinite_html=nonfinite.html if nonfinite else "",
-        python=python, packages=dict(packages or {}), hazards=list(hazards or []),
+        python=python, packages=dict(packages or {}), hazards=list(hazards or []), signals=list(before.signals or []),
     )
 
 
@@ -456,6 +457,17 @@ def _no_rule_text(applied: list, dropped: list[str]) -> str:
         return (f"No rule was applied: {len(dropped)} fired and could not be applied (see \"Not applied\"); "
                 "the file is unchanged.")
     return "No tuning rule fired: nothing to patch."
+
+
+def signals_markdown(signals) -> list[str]:
+    """The run's own signals (deduplicated warnings, stderr lines, loss and gradient records) as markdown lines."""
+    if not signals:
+        return []
+    out = ["## The run's own signals", "", "| signal | times | first | where | step |", "|---|---|---|---|---|"]
+    out += [f"| {s.id} | {s.count} | {s.message[:120].replace('|', '/')} | {s.where} | "
+            f"{s.step if s.step is not None else ''} |" for s in signals]
+    out += ["", *[f"- **{s.id}**: {s.meaning}" for s in signals if s.meaning], ""]
+    return out
 
 
 def rules_markdown(applied: list, dropped: list[str], env: dict[str, str], unset_env: list[str],
@@ -585,8 +597,8 @@ def render_markdown(rep: AuditReport, chart_name: str | None = None) -> str:
         status = bc.before_status if bc.before_status == bc.after_status else f"{bc.before_status} / {bc.after_status}"
         out.append(f"| {bc.bucket} | {bc.before_s * 1e3:.2f} ms | {bc.before_share:.0%} | {bc.after_s * 1e3:.2f} ms | "
                    f"{bc.after_share:.0%} | {status} |")
-    out += ["", *rules_markdown(rep.applied, rep.dropped, rep.env, rep.unset_env, rep.hazards,
-                                rep.consistency_notes)]
+    out += ["", *signals_markdown(rep.signals), *rules_markdown(rep.applied, rep.dropped, rep.env, rep.unset_env,
+                                                                rep.hazards, rep.consistency_notes)]
     out += ["", "## Patch to your file", "", "```diff", rep.diff.rstrip() or "(no change)", "```", "",
             "Secrets and personal paths in it are redacted here; `patch.diff` beside this report is the exact "
             "diff: apply it in the workload folder with `git apply` or `patch -p1`.", ""]
@@ -698,6 +710,11 @@ def render_html(rep: AuditReport) -> str:
             f"{_e(h.action)}" + (f"<br>Blocks: {_e(', '.join(h.blocks))}" if h.blocks else "") +
             f'<br><span class="muted">Source: <a href="{_e(h.url)}">{_e(h.title)}</a></span></div>'
             for h in rep.hazards]]
+    if rep.signals:
+        parts += ["<h2>The run's own signals</h2>", "<table><tr><th>signal</th><th>times</th><th>first</th>"
+                  "<th>where</th><th>step</th></tr>",
+                  *[f"<tr><td>{_e(x.id)}</td><td>{x.count}</td><td>{_e(x.message[:160])}</td><td>{_e(x.where)}</td>"
+                    f"<td>{'' if x.step is None else x.step}</td></tr>" for x in rep.signals], "</table>"]
     parts += ["<h2>Applied rules</h2>"]
     if not rep.applied:
         parts.append(f"<p>{_e(_no_rule_text(rep.applied, rep.dropped))}</p>")
@@ -840,6 +857,7 @@ def replay_report(before: RunMetrics, patch: Patch, config: ConfigDict, model: s
            "", f"## Waste budget per step ({kind})", "", "| bucket | ms/step | status |", "|---|---|---|",
            *[f"| {k} | {b.seconds * 1e3:.2f} | {b.status} |" for k, b in before.waste_budget.items()],
            ""]
+    out += signals_markdown(before.signals)
     out += rules_markdown(patch.applied, patch.dropped, patch.env, patch.unset_env, list(hazards or []),
                           patch.consistency_notes)
     out += ["", "## Patch to your file", "", "```diff", redact(patch.diff).rstrip() or "(no change)", "```", ""]
