@@ -35,7 +35,7 @@ SETTINGS = AuditSettings(bench_budget_s=40, profiled_steps=3, bench_steps=8, ben
 #: AuditReport fields that come from a profiled run (measured anew by each audit) or the clock.
 PROFILED = ("buckets", "metrics", "before_step_time_s", "after_step_time_s", "predicted_low", "predicted_high",
             "confidence", "evidence_coverage", "rule_consistency", "consistency_notes", "warnings", "provenance",
-            "created_at", "cache_hits", "profiled_speedup", "reconciliation", "calibration")
+            "created_at", "cache_hits", "profiled_speedup", "reconciliation", "calibration", "signals")
 
 
 @pytest.fixture(scope="module")
