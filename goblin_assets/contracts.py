@@ -97,6 +97,8 @@ class ConfigDict(BaseModel):
     raw_source: str = ""
     source_file: str = ""
     source_format: str = ""
+    #: How sure the parser is of the file's format and tool (0: unknown, no defaults applied; issue 17).
+    format_confidence: float | None = None
     provenance: dict[str, Provenance] = Field(default_factory=dict)
     warnings: list[str] = Field(default_factory=list)
 

@@ -6,10 +6,18 @@ applied in order: multi-line private keys first, then credentials inside
 URLs, then token formats with a recognisable prefix, then ``key = value``
 assignments whose key names a secret, then object-store and websocket URLs
 and home directories.
+
+Ordinary words stay (issue 17): a value after ``token`` / ``Basic`` in prose,
+or a bare (unquoted) value of a ``*token`` / ``auth`` key, is only removed when it
+has the shape of a secret (:func:`secret_shaped`, the test detect-secrets
+uses: letters mixed with digits, or a high Shannon entropy), and never when
+it is a code reference (``tok.pad_token = tok.eos_token``).
 """
 from __future__ import annotations
 
+import math
 import re
+from collections import Counter
 
 # Secret-looking key names: `api_key`, `WANDB_API_KEY`, `hf_token`,
 # `client_secret`, `db_password`, `AccountKey` ...  Not `tokenizer`,
@@ -36,7 +44,7 @@ REDACTIONS: tuple[tuple[str, tuple[str, ...], re.Pattern[str], str], ...] = (
      re.compile(r"(?i)\b([a-z][a-z0-9+.-]{1,20}://)[^/\s:@\"'<>]+:[^/\s@\"'<>]+@"),
      r"\1<redacted>@"),
     ("bearer", ("bearer", "basic", "token"),
-     re.compile(r"(?i)\b(bearer|basic|token)(\s+)[A-Za-z0-9._~+/=-]{8,}"), r"\1\2<redacted>"),
+     re.compile(r"(?i)\b(bearer|basic|token)(\s+)([A-Za-z0-9._~+/=-]{8,})"), ""),
     ("jwt", ("eyj",), re.compile(r"\beyJ[A-Za-z0-9_-]{4,}(?:\.[A-Za-z0-9_-]*){0,2}"), "<redacted:jwt>"),
     ("openai-key", ("sk-",), re.compile(r"(?<![A-Za-z0-9])sk-[A-Za-z0-9_-]{16,}"), "<redacted:sk>"),
     ("stripe-key", ("k_live_", "k_test_"), re.compile(r"\b[sr]k_(?:live|test)_[A-Za-z0-9]{10,}"), "<redacted:key>"),
@@ -67,6 +75,42 @@ REDACTIONS: tuple[tuple[str, tuple[str, ...], re.Pattern[str], str], ...] = (
 
 # Values that look like a secret assignment but are not one.
 _HARMLESS = {"none", "null", "true", "false", "auto", "required", "optional", "<redacted>"}
+#: A dotted name (``tok.eos_token``, ``args.hf_token``): a reference in code, not a value.
+_REFERENCE = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+")
+#: Shannon entropy (bits per character) above which a long string is taken for a
+#: secret.  detect-secrets flags base64 strings above 4.5 and hex above 3.0;
+#: 3.5 over 16+ characters sits between and keeps English words (about 2.5-3.2) out.
+ENTROPY_BITS = 3.5
+ENTROPY_MIN_LENGTH = 16
+
+
+def shannon_entropy(text: str) -> float:
+    """Bits per character of ``text`` (0.0 for an empty string).
+
+    Source: detect-secrets' high-entropy string plugins use the same measure.
+    """
+    if not text:
+        return 0.0
+    n = len(text)
+    return -sum(c / n * math.log2(c / n) for c in Counter(text).values())
+
+
+def secret_shaped(value: str) -> bool:
+    """Whether a bare word looks like a credential rather than an ordinary word or a name.
+
+    True for letters mixed with at least two digits (``hunter2hunter2``,
+    ``s3cr3t-v4lue``, ``9a8b7c6d...``) and for any string of 16+ characters
+    whose Shannon entropy is at least :data:`ENTROPY_BITS`; False for words
+    (``sequences``, ``training``), dotted references (``tok.eos_token``) and
+    shell variables (``$HF_TOKEN``).
+    """
+    if len(value) < 6 or value.startswith("$") or _REFERENCE.fullmatch(value):
+        return False
+    digits = sum(c.isdigit() for c in value)
+    letters = sum(c.isalpha() for c in value)
+    if digits >= 2 and letters >= 2:
+        return True
+    return len(value) >= ENTROPY_MIN_LENGTH and shannon_entropy(value) >= ENTROPY_BITS
 
 
 def _assignment(match: re.Match[str]) -> str:
@@ -74,7 +118,19 @@ def _assignment(match: re.Match[str]) -> str:
     value = quoted if quoted is not None else bare
     if value.lower() in _HARMLESS:
         return match.group(0)
+    if quoted is None and (_REFERENCE.fullmatch(value) or value.startswith("$")):
+        return match.group(0)                        # a code reference or a shell variable
+    ambiguous = re.search(r"(?i)token|auth", match.group(1))   # pad_token, eos_token, auth mode ...
+    if quoted is None and ambiguous and not secret_shaped(value):
+        return match.group(0)
     return match.group(1) + (f"{quote}<redacted>{quote}" if quote else "<redacted>")
+
+
+def _scheme_token(match: re.Match[str]) -> str:
+    """``Bearer <token>`` always; ``Basic`` / ``token`` only before a secret-shaped word."""
+    if match.group(1).lower() != "bearer" and not secret_shaped(match.group(3)):
+        return match.group(0)
+    return f"{match.group(1)}{match.group(2)}<redacted>"
 
 
 def redact(text: str) -> str:
@@ -108,6 +164,8 @@ def redact(text: str) -> str:
             continue
         if name == "secret-assignment":
             text = pattern.sub(_assignment, text)
+        elif name == "bearer":
+            text = pattern.sub(_scheme_token, text)
         else:
             text = pattern.sub(replacement, text)
     return text

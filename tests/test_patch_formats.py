@@ -137,7 +137,8 @@ def test_yaml_nested_key_goes_into_its_block(tmp_path):
     assert ("training:\n  per_device_train_batch_size: 8   # small GPU\n  learning_rate: 2.0e-5\n"
             "  dataloader_num_workers: 2\npeft:\n") in patched
     cfg = parse_config(tmp_path / "wl" / "train.yaml")
-    assert (cfg.dataloader_workers, cfg.batch_size, cfg.lora_rank) == (2, 8, 8)
+    # peft.lora_r without training.use_peft: true: oumi trains no adapter, so no rank
+    assert (cfg.dataloader_workers, cfg.batch_size, cfg.lora_rank) == (2, 8, None)
 
 
 # ----------------------------------------------------------------------------------------- JSON

@@ -1,14 +1,22 @@
 """``parse_config``: a user's training setup as a ConfigDict with provenance.
 
 Reads the files people fine-tune with (issue 3): Python scripts (Trainer,
-TRL, raw loops; read with ``ast``, never run), JSON argument dumps, YAML
-configs of axolotl, LLaMA-Factory, torchtune, alignment-handbook and oumi,
-DeepSpeed and accelerate companions, and shell launch lines (regex
-fallback).  Which key means which field, and each tool's defaults, live in
+TRL, raw loops, Fabric and accelerate loops; read with ``ast``, never run),
+JSON argument dumps, YAML configs of axolotl, LLaMA-Factory, torchtune,
+alignment-handbook and oumi, torchtitan TOML, DeepSpeed and accelerate
+companions, and shell launch lines (the script a launch line runs is read
+too when it sits beside it, with the line's flags over its defaults).
+Which key means which field, and each tool's defaults, live in
 ``goblin_assets/audit/fields.py``.
+
+A file whose format or tool is not recognised is reported as such
+(``source_format`` ``<syntax>:unknown``, ``format_confidence`` 0): its
+values are read by key name only and no tool's defaults are applied
+(issue 17); the patch stage writes nothing into it.
 """
 from __future__ import annotations
 
+import ast
 import math
 import re
 from dataclasses import dataclass, field
@@ -20,12 +28,12 @@ from rich.table import Table
 
 from goblin_assets.audit import fields as F
 from goblin_assets.audit.config_map import (
-    Found, Ratio, Raw, Undetermined, detect_tool, deprecated_keys, found, map_entries, tool_chain,
-    tool_defaults, tool_rows,
+    Found, LibraryChoice, Ratio, Raw, Undetermined, deprecated_keys, detect_tool, detect_tool_confidence, found,
+    map_by_name, map_entries, tool_chain, tool_defaults, tool_rows,
 )
 from goblin_assets.audit.config_python import analyse_python
-from goblin_assets.audit.config_shell import scan_text
-from goblin_assets.audit.config_tree import flatten_json, flatten_yaml
+from goblin_assets.audit.config_shell import find_launch, scan_text
+from goblin_assets.audit.config_tree import flatten_json, flatten_toml, flatten_yaml
 from goblin_assets.redact import redact, redact_tree
 from goblin_assets.contracts import CONFIG_FIELDS, ConfigDict, Provenance
 from goblin_assets.errors import ConfigParseError
@@ -48,7 +56,8 @@ _RANK_FINAL = 99
 
 @dataclass
 class _Parsed:
-    """One file read by a format parser."""
+    """One file read by a format parser (``cls``: the library config class it builds;
+    ``confidence``: how sure the format and tool are, 0 for unknown)."""
 
     tool: str
     fmt: str
@@ -56,6 +65,8 @@ class _Parsed:
     raws: dict[str, Raw] = field(default_factory=dict)
     deferred: dict[str, str] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    cls: str | None = None
+    confidence: float = 1.0
 
 
 # --------------------------------------------------------------------------- reading
@@ -105,18 +116,37 @@ def _source_path(path: Path) -> str:
     return redact(str(path))
 
 
-def _sniff(path: Path, text: str) -> str:
+def detect_format(path: Path, text: str) -> tuple[str, float]:
+    """The syntax of a file and how sure that is: ``(format, confidence)``.
+
+    The suffix decides when it is known (fields.FORMATS_BY_SUFFIX);
+    otherwise the content is tried: a JSON object, a launch command or
+    shebang (shell), a TOML file with ``[tables]``, a YAML mapping, Python
+    that parses.  Anything else is ``unknown`` with confidence 0.
+    """
     fmt = F.FORMATS_BY_SUFFIX.get(path.suffix.lower())
     if fmt:
-        return fmt
+        return fmt, F.FORMAT_CONFIDENCE["suffix"]
+    sniffed = F.FORMAT_CONFIDENCE["content"]
     head = text.lstrip()
     if head.startswith("{"):
-        return "json"
-    if head.startswith("#!") or re.search(r"\b(torchrun|accelerate launch|deepspeed|python3?)\s", text):
-        return "shell"
+        return "json", sniffed
+    if head.startswith("#!") or find_launch(text) is not None:
+        return "shell", sniffed
+    if re.search(r"(?m)^\s*\[[\w.\-\s\"']+\]\s*$", text):
+        try:
+            flatten_toml(text, path.name)
+            return "toml", sniffed
+        except ConfigParseError:
+            pass
     if re.match(r"(?m)^[A-Za-z_][\w.-]*:(\s|$)", head):
-        return "yaml"
-    return "shell"
+        return "yaml", sniffed
+    try:
+        if re.search(r"(?m)^(import |from \w|def |class )", text) and ast.parse(text):
+            return "python", sniffed
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        pass
+    return "unknown", F.FORMAT_CONFIDENCE["unknown"]
 
 
 # --------------------------------------------------------------------------- format parsers
@@ -132,16 +162,24 @@ def _parse_python(text: str, name: str) -> _Parsed:
         parsed.warnings.append(f"{name}: Python does not parse ({msg}{where}); values were read with the "
                                "regex fallback and have less context")
         return parsed
-    return _Parsed(result.tool, "python", result.found, result.raws, {}, result.warnings)
+    return _Parsed(result.tool, "python", result.found, result.raws, {}, result.warnings, result.cls)
+
+
+def _unknown_why(name: str) -> str:
+    return (f"{name} is in a format Goblin does not know: read by its key name only, and no tool's defaults "
+            "are applied")
 
 
 def _parse_mapping(raws: dict[str, Raw], fmt: str, name: str) -> _Parsed:
-    tool = detect_tool(raws)
+    tool, confidence = detect_tool_confidence(raws)
+    if tool == "unknown":
+        return _Parsed("unknown", fmt, map_by_name(raws, _unknown_why(name)).found, raws,
+                       warnings=[_unknown_why(name)], confidence=0.0)
     mapped = map_entries(tool, raws)
     warnings = []
     if not any(not f.field.startswith("_") for f in mapped.found):
         warnings.append(f"{name}: no known training keys found for {F.TOOL_NAMES.get(tool, tool)}")
-    return _Parsed(tool, fmt, mapped.found, raws, {}, warnings)
+    return _Parsed(tool, fmt, mapped.found, raws, {}, warnings, confidence=confidence)
 
 
 def _parse_json(text: str, name: str) -> _Parsed:
@@ -152,16 +190,29 @@ def _parse_yaml(text: str, name: str) -> _Parsed:
     return _parse_mapping(flatten_yaml(text, name), "yaml", name)
 
 
+def _parse_toml(text: str, name: str) -> _Parsed:
+    return _parse_mapping(flatten_toml(text, name), "toml", name)
+
+
 def _parse_shell(text: str, name: str) -> _Parsed:
     raws = scan_text(text, name)
     hf_keys = {key for _, key, _, _ in tool_rows("shell")}
-    tool = "shell" if hf_keys & set(raws) else "text"
-    mapped = map_entries(tool, raws) if tool == "shell" else None
-    warnings = [] if mapped else [f"{name}: no known training flags found"]
-    return _Parsed(tool, "shell", mapped.found if mapped else [], raws, {}, warnings)
+    if hf_keys & set(raws):
+        return _Parsed("shell", "shell", map_entries("shell", raws).found, raws)
+    # a launch line whose script is not beside it, or no launch line: nothing says which tool reads the flags
+    return _Parsed("unknown", "shell", map_by_name(raws, _unknown_why(name)).found, raws,
+                   warnings=[f"{name}: no Trainer flags, and no script beside it to read; " + _unknown_why(name)],
+                   confidence=0.0)
 
 
-_PARSERS = {"python": _parse_python, "json": _parse_json, "yaml": _parse_yaml, "shell": _parse_shell}
+def _parse_unknown(text: str, name: str) -> _Parsed:
+    raws = scan_text(text, name)
+    return _Parsed("unknown", "unknown", map_by_name(raws, _unknown_why(name)).found, raws,
+                   warnings=[_unknown_why(name)], confidence=0.0)
+
+
+_PARSERS = {"python": _parse_python, "json": _parse_json, "yaml": _parse_yaml, "toml": _parse_toml,
+            "shell": _parse_shell, "unknown": _parse_unknown}
 
 
 # --------------------------------------------------------------------------- companions
@@ -173,13 +224,18 @@ def _companion_text(path: Path) -> str | None:
         return None
 
 
-def _accelerate(entry: Path, parsed: _Parsed, texts: list[str]) -> None:
-    """An accelerate config beside the entry (its mixed_precision reaches the HF Trainer)."""
-    if parsed.tool not in F.ACCELERATE_TOOLS:
+def _accelerate(entry: Path, parsed: _Parsed, texts: list[str], named: Path | None = None) -> None:
+    """An accelerate config: the one a launch line names (``--config_file``), else one beside the
+    entry.  Its mixed_precision reaches the HF Trainer and any ``Accelerator()`` of a raw loop."""
+    uses_accelerator = any(f.field == "_accelerate_ga" for f in parsed.found)
+    if parsed.tool not in F.ACCELERATE_TOOLS and not uses_accelerator:
         return
-    siblings = sorted(p for p in entry.parent.iterdir() if p.suffix.lower() in (".yaml", ".yml") and p != entry)
+    if named is not None:
+        siblings = [named]
+    else:
+        siblings = sorted(p for p in entry.parent.iterdir() if p.suffix.lower() in (".yaml", ".yml") and p != entry)
     for sibling in siblings[:MAX_SIBLINGS]:
-        if sibling.stat().st_size > MAX_ACCELERATE_BYTES:
+        if not sibling.is_file() or sibling.stat().st_size > MAX_ACCELERATE_BYTES:
             continue
         text = _companion_text(sibling)
         if text is None or not re.search(r"\b(compute_environment|distributed_type)\s*:", text):
@@ -195,6 +251,56 @@ def _accelerate(entry: Path, parsed: _Parsed, texts: list[str]) -> None:
         parsed.found.extend(mapped.found)
         texts.append(text)
         return
+
+
+def _launch(entry: Path, text: str, parsed: _Parsed, texts: list[str]) -> Path | None:
+    """A launch line's script, read when it sits beside the launcher.
+
+    ``torchrun ... main.py --batch-size 128``: ``main.py`` is analysed with
+    the flags after it overriding its argparse / dataclass / entry-function
+    defaults (their provenance points at the launch line); flags the
+    script's tool knows (TrainingArguments names) rank above the script's
+    own values.  The launcher's own flags give the accelerate config
+    (``--config_file``), ``--mixed_precision`` and the GPU count.  Returns
+    the accelerate config the line names, if any.
+    """
+    launch = find_launch(text)
+    if launch is None:
+        return None
+    name = entry.name
+    own = scan_text(text, name, pairs=False, region=launch.launcher_flags)
+    script_flags = scan_text(text, name, pairs=False, region=launch.script_flags)
+    gpus = [raw for key, raw in own.items() if key in F.LAUNCHER_GPU_FLAGS]
+    if gpus:
+        parsed.found.append(found("_gpus", gpus[0].value, Provenance(
+            file=name, line=gpus[0].line, kind="literal", detail=f"{launch.launcher} process count"), F.R_EXPLICIT))
+    parsed.found.extend(map_entries("accelerate", {k: v for k, v in own.items() if k == "mixed_precision"},
+                                    f"{launch.launcher} launch flag").found)
+    script = entry.parent / Path(launch.script).name
+    config_file = own.get("config_file")
+    named = entry.parent / Path(str(config_file.value)).name if config_file is not None else None
+    if not script.is_file() or script.suffix != ".py":
+        return named
+    try:
+        result = analyse_python(read_text(script), script.name, script_flags)
+    except (ConfigParseError, SyntaxError, RecursionError, MemoryError, ValueError) as exc:
+        parsed.warnings.append(f"{name}: the script it launches, {script.name}, could not be read "
+                               f"({type(exc).__name__}); only the launch line's flags are used")
+        return named
+    flagged = map_entries(result.tool, script_flags, f"the launch line in {name}").found if \
+        result.tool not in ("torch", "text") else []
+    for f in flagged:
+        f.rank += 1
+    kept = [f for f in parsed.found if f.field.startswith("_") or (f.field == "precision" and f.rank > F.R_NAME)]
+    parsed.found = kept + result.found + flagged
+    parsed.warnings = [w for w in parsed.warnings if "format Goblin does not know" not in w]
+    parsed.confidence = F.FORMAT_CONFIDENCE["suffix"]
+    parsed.tool, parsed.cls = result.tool, result.cls
+    parsed.warnings.extend(result.warnings)
+    parsed.warnings.append(f"{name} launches {script.name} with {launch.launcher}: read together, the launch "
+                           "line's flags over the script's defaults")
+    texts.append(read_text(script))
+    return named
 
 
 def _deepspeed(entry: Path, parsed: _Parsed, texts: list[str]) -> None:
@@ -238,13 +344,19 @@ def _final(cands: list[Found], field_name: str, value: Any, file: str, kind: str
 
 
 def _derive(tool: str, name: str, cands: list[Found]) -> None:
-    """Values that follow from others: axolotl GA, warmup ratios, LoRA gates, torchtune packing."""
+    """Values that follow from others: accumulation from a global batch, warmup ratios, LoRA gates,
+    torchtune packing, the attention transformers picks by itself."""
     chain = tool_chain(tool)
-    if any(t in F.GA_FROM_GLOBAL_BATCH for t in chain) and _best(cands, "grad_accum_steps") is None:
-        total, micro = _best(cands, "_global_batch"), _best(cands, "batch_size")
-        if total and micro and isinstance(total.value, int) and isinstance(micro.value, int) and micro.value:
+    total, micro = _best(cands, "_global_batch"), _best(cands, "batch_size")
+    known = total is not None and micro is not None and isinstance(total.value, int) and \
+        isinstance(micro.value, int) and micro.value > 0
+    if known and _best(cands, "grad_accum_steps") is None:
+        if any(t in F.GA_FROM_GLOBAL_BATCH for t in chain):
             _final(cands, "grad_accum_steps", total.value // micro.value, name, "variable",
                    f"batch_size {total.value} // micro_batch_size {micro.value} (axolotl derives it when unset)")
+        else:
+            _ga_per_gpu(cands, total, micro, name)
+    _library_attention(cands, name)
 
     warm, ratio, max_steps = _best(cands, "warmup_steps"), _best(cands, "_warmup_ratio"), _best(cands, "_max_steps")
     share, src = None, None
@@ -283,8 +395,63 @@ def _derive(tool: str, name: str, cands: list[Found]) -> None:
             detail="dataset.packed: True: torchtune uses flex attention (not sdpa/flash/eager)"), F.R_EXPLICIT))
 
 
-def _defaults(tool: str, name: str, cands: list[Found]) -> None:
-    for field_name, (value, kind, detail) in tool_defaults(tool).items():
+def _ga_per_gpu(cands: list[Found], total: Found, micro: Found, name: str) -> None:
+    """Accumulation from a global batch that also counts the GPUs (DeepSpeed train_batch_size,
+    torchtitan global_batch_size): global // (micro x GPUs), exact when the launch line gives
+    the process count, else undetermined with the arithmetic spelled out."""
+    gpus = _best(cands, "_gpus")
+    per_step = f"{total.value} / ({micro.value} x number of GPUs)"
+    examples = ", ".join(f"{total.value // (micro.value * n)} on {n} GPU{'s' if n > 1 else ''}"
+                         for n in (1, 8) if total.value % (micro.value * n) == 0)
+    key = total.prov.key or "the global batch"
+    if gpus is not None and str(gpus.value).isdigit() and int(gpus.value) > 0:
+        n = int(gpus.value)
+        _final(cands, "grad_accum_steps", max(1, total.value // (micro.value * n)), total.prov.file or name,
+               "variable", f"{key} {total.value} / ({micro.value} per GPU x {n} processes on the launch line)",
+               total.prov.line)
+        return
+    _final(cands, "grad_accum_steps", Undetermined(
+        f"{key} {total.value} in {total.prov.file or name} fixes the global batch: accumulation = {per_step}"
+        + (f" ({examples})" if examples else "") + ", so it depends on the GPU count"),
+        total.prov.file or name, "unset", "", total.prov.line)
+
+
+def _library_attention(cands: list[Found], name: str) -> None:
+    """``LibraryChoice`` (``flash_attn: auto``, a model loaded without attn_implementation):
+    SDPA when transformers uses it by default for the model's family (fields.SDPA_DEFAULT_FAMILIES),
+    with the version it depends on; else unknown, with why."""
+    best = _best(cands, "attention_impl")
+    if best is None or not isinstance(best.value, LibraryChoice):
+        return
+    model = best.value.model
+    if model is None:
+        hit = _best(cands, "model_name")
+        model = hit.value if hit is not None and isinstance(hit.value, str) else None
+    low = (model or "").lower()
+    family = next(((fam, ver) for fam, (keys, ver) in F.SDPA_DEFAULT_FAMILIES.items()
+                   if any(k in low for k in keys)), None)
+    if family is None:
+        value, detail = "unknown", f"{best.value.why}: {F.SDPA_DEFAULT_UNKNOWN}" + (
+            f"; {model} is not in Goblin's table of model families" if model else "")
+    else:
+        value, detail = "sdpa", (f"library default: {best.value.why}; transformers uses SDPA for {family[0]} "
+                                 f"models when attn_implementation is not set (transformers >= {family[1]} "
+                                 "with torch >= 2.1.1)")
+    best.value, best.prov = value, best.prov.model_copy(update={"kind": "default", "detail": detail})
+
+
+def _absent_blocks(tool: str, name: str, cands: list[Found], raws: dict[str, Raw]) -> None:
+    """Defaults a tool applies when a whole block is missing (fields.ABSENT_BLOCK_DEFAULTS)."""
+    for t in tool_chain(tool):
+        for block, field_name, value, why in F.ABSENT_BLOCK_DEFAULTS.get(t, []):
+            if _best(cands, field_name) is None and not any(k == block or k.startswith(block + ".") for k in raws):
+                cands.append(found(field_name, value, Provenance(file=name, kind="default", detail=why), F.R_DEFAULT))
+
+
+def _defaults(tool: str, name: str, cands: list[Found], cls: str | None = None) -> None:
+    if tool == "unknown":
+        return
+    for field_name, (value, kind, detail) in tool_defaults(tool, cls).items():
         if _best(cands, field_name) is not None:
             continue
         if value == F.UNDETERMINED or value is None:
@@ -294,6 +461,8 @@ def _defaults(tool: str, name: str, cands: list[Found]) -> None:
 
 
 def _not_found_reason(tool: str, field_name: str, name: str) -> str:
+    if tool == "unknown":
+        return f"not found by name in {name}; its format is unknown, so no tool's defaults were applied"
     if tool in F.NOT_RECORDED_TOOLS:
         return f"not in {name}: {F.NOT_RECORDED_TOOLS[tool]}"
     keys = [key for f, key, _, _ in tool_rows(tool) if f == field_name]
@@ -321,7 +490,8 @@ def _check(field_name: str, value: Any) -> tuple[Any, str | None]:
     return value, None
 
 
-def _warnings(parsed: _Parsed, tool: str, texts: list[str], cfg_values: dict[str, Any], name: str) -> list[str]:
+def _warnings(parsed: _Parsed, tool: str, texts: list[str], cfg_values: dict[str, Any], name: str,
+              code: set[int] = frozenset()) -> list[str]:
     out = list(parsed.warnings)
     seen: set[str] = set()
     for text in texts:
@@ -337,7 +507,9 @@ def _warnings(parsed: _Parsed, tool: str, texts: list[str], cfg_values: dict[str
     optim = cfg_values.get("optimizer")
     if isinstance(optim, str) and optim.startswith(F.BNB_OPTIMIZER_PREFIXES):
         out.append(f"optimizer {optim} needs bitsandbytes: on ROCm it needs the ROCm build of bitsandbytes")
-    for text in texts:
+    for i, text in enumerate(texts):
+        if i in code:
+            continue            # Python: the analysis warns for the k-bit loads that run
         for key in sorted(set(re.findall(r"\b(" + "|".join(F.BNB_KEYS) + r")\b[\"']?\s*[=:]\s*(?:True|true|[1-9]\b)",
                                          text))):
             out.append(f"{key} quantizes with bitsandbytes: on ROCm it needs the ROCm build of bitsandbytes")
@@ -347,12 +519,19 @@ def _warnings(parsed: _Parsed, tool: str, texts: list[str], cfg_values: dict[str
 def parse_config(path: str | Path) -> ConfigDict:
     """Parse a training setup file into a ConfigDict with provenance.
 
-    Dispatches on the file type: Python (``ast``, never executed), JSON,
-    YAML, or the regex fallback for shell launch lines and anything else.
-    Companions in the same folder join in: the DeepSpeed JSON named by
-    ``deepspeed`` (its values override the trainer's unless ``"auto"``) and
-    an accelerate config YAML (its ``mixed_precision`` reaches the HF
-    Trainer through ``ACCELERATE_MIXED_PRECISION``).
+    Dispatches on the format :func:`detect_format` finds: Python (``ast``,
+    never executed), JSON, YAML, TOML, shell launch lines (the regex
+    scanner; the script a launch line runs is analysed too when it sits
+    beside it, with the line's flags over its defaults), or ``unknown``
+    (values read by key name only, no defaults).  Companions in the same
+    folder join in: the DeepSpeed JSON named by ``deepspeed`` (its values
+    override the trainer's unless ``"auto"``) and an accelerate config YAML
+    (the one ``accelerate launch --config_file`` names, else one beside the
+    entry; its ``mixed_precision`` reaches the HF Trainer and an
+    ``Accelerator()`` through ``ACCELERATE_MIXED_PRECISION``).  Defaults
+    come from the library class the files build (fields.CLASS_DEFAULTS:
+    ``DPOConfig``, ``LoraConfig``, oumi, torchtitan ...), each citing its
+    library and version.
 
     Parameters
     ----------
@@ -372,6 +551,9 @@ def parse_config(path: str | Path) -> ConfigDict:
         the file's name (companions live beside the entry).  ``source_file``
         is relative to the working directory when the file is under it, else
         redacted; ``raw_source``, details and warnings are redacted.
+        ``source_format`` is ``<syntax>:<tool>`` (``yaml:unknown`` for a
+        format Goblin does not know) and ``format_confidence`` how sure
+        that is (0 for unknown).
 
     Raises
     ------
@@ -392,18 +574,21 @@ def parse_config(path: str | Path) -> ConfigDict:
     path = Path(path)
     text = read_text(path)
     name = path.name
-    fmt = _sniff(path, text)
+    fmt, confidence = detect_format(path, text)
     try:
         parsed = _PARSERS[fmt](text, name)
     except RecursionError:
         raise ConfigParseError(redact(str(path)), "nested too deeply to parse") from None
     texts = [text]
-    _accelerate(path, parsed, texts)
+    named = _launch(path, text, parsed, texts) if fmt == "shell" else None
+    code = {i for i, tx in enumerate(texts) if (i == 0 and fmt == "python" and parsed.tool != "shell") or i > 0}
+    _accelerate(path, parsed, texts, named)
     _deepspeed(path, parsed, texts)
     tool = parsed.tool
     cands = parsed.found
     _derive(tool, name, cands)
-    _defaults(tool, name, cands)
+    _absent_blocks(tool, name, cands, parsed.raws)
+    _defaults(tool, name, cands, parsed.cls)
 
     values: dict[str, Any] = {}
     provenance: dict[str, Provenance] = {}
@@ -414,6 +599,8 @@ def parse_config(path: str | Path) -> ConfigDict:
             best = found(field_name, None, Provenance(file=name, kind="unset",
                                                       detail=_not_found_reason(tool, field_name, name)), 0)
         value, prov = best.value, best.prov
+        if isinstance(value, LibraryChoice):
+            value = "unknown"
         if isinstance(value, Ratio):
             value, prov = None, prov.model_copy(update={"kind": "unset", "span": None,
                                                         "detail": f"warmup ratio {value.value}; {prov.detail}"})
@@ -437,8 +624,9 @@ def parse_config(path: str | Path) -> ConfigDict:
         raw_source=redact(text),
         source_file=_source_path(path),
         source_format=f"{fmt}:{tool}",
+        format_confidence=0.0 if tool == "unknown" else round(min(confidence, parsed.confidence), 2),
         provenance=provenance,
-        warnings=_warnings(parsed, tool, texts, values, name),
+        warnings=_warnings(parsed, tool, texts, values, name, code),
     )
 
 
@@ -459,6 +647,8 @@ def config_to_json(cfg: ConfigDict) -> dict[str, Any]:
     doc: dict[str, Any] = cfg.values()
     doc["source_file"] = cfg.source_file
     doc["source_format"] = cfg.source_format
+    doc["format"] = cfg.source_format.rsplit(":", 1)[-1]      # the tool; "unknown" when Goblin does not know it
+    doc["format_confidence"] = cfg.format_confidence
     doc["provenance"] = {f: p.model_dump() for f, p in cfg.provenance.items()}
     doc["warnings"] = list(cfg.warnings)
     return redact_tree(doc)
@@ -473,7 +663,10 @@ def render_config_table(cfg: ConfigDict) -> Table:
         One row per field of ``CONFIG_FIELDS``; warnings in the caption.
         All text is redacted.
     """
-    table = Table(title=redact(f"{cfg.source_file} ({cfg.source_format})"), show_lines=False)
+    unknown = cfg.source_format.endswith(":unknown")
+    title = f"{cfg.source_file} ({cfg.source_format}" + (
+        ": format unknown, no tool defaults applied)" if unknown else ")")
+    table = Table(title=redact(title), show_lines=False)
     for column in ("field", "value", "kind", "where", "detail"):
         table.add_column(column, overflow="fold")
     for field_name in CONFIG_FIELDS:

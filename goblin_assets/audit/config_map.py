@@ -52,6 +52,16 @@ class Ratio:
 
 
 @dataclass(frozen=True)
+class LibraryChoice:
+    """An attention implementation the file leaves to transformers (``flash_attn: auto``,
+    a model loaded without ``attn_implementation``): decided from the model family
+    (``config`` resolves it with fields.SDPA_DEFAULT_FAMILIES)."""
+
+    why: str
+    model: str | None = None
+
+
+@dataclass(frozen=True)
 class Weak:
     """A converted value that only says "not this flag" (e.g. ``bf16=False``)."""
 
@@ -213,10 +223,9 @@ def optimizer_name(component: str, fused: Any) -> tuple[str, str]:
     ``adamw_torch_fused`` (cases README, "Optimizer names").
     """
     cls = component.rsplit(".", 1)[-1]
-    hit = F.OPTIMIZER_CLASSES.get(cls)
-    if hit is None:
+    name = F.OPTIMIZER_CLASSES.get(cls)
+    if name is None:
         return component, f"{component} has no Hugging Face optim name"
-    name = hit[0]
     if _bool(fused) is True and name in F.FUSED_OPTIMIZERS:
         return F.FUSED_OPTIMIZERS[name], f"{component} with fused=True"
     return name, f"{component}"
@@ -232,6 +241,41 @@ def _ds_optim(value: Any, sibling: Callable[[str], Any]) -> Any:
     if not isinstance(value, str):
         return _optim(value, sibling)
     return ("deepspeed:" + value.strip().lower(), "the DeepSpeed optimizer block replaces the trainer's optim")
+
+
+def _titan_optim(value: Any, sibling: Callable[[str], Any]) -> Any:
+    """torchtitan ``optimizer.name`` with ``optimizer.implementation`` (default fused)."""
+    if not isinstance(value, str):
+        return _optim(value, sibling)
+    implementation = sibling("implementation") or F.TITAN_IMPLEMENTATION_DEFAULT
+    name, note = optimizer_name(value, implementation == "fused")
+    return name, f"{note} (torchtitan implementation={implementation!r})"
+
+
+def _titan_ac(value: Any, sibling: Callable[[str], Any]) -> Any:
+    """torchtitan ``activation_checkpoint.mode``: none | selective | full | memory_budget."""
+    if not isinstance(value, str):
+        return _bool(value)
+    return (value.strip().lower() != "none", f"activation checkpointing mode {value!r}")
+
+
+def _titan_dtype(value: Any, sibling: Callable[[str], Any]) -> Any:
+    """torchtitan ``training.dtype``: bfloat16 trains everything in bf16; float32 leaves it to mixed precision."""
+    hit = _lookup(F.DTYPE_NAMES, value, "precision")
+    return hit if hit == "bf16" else SKIP
+
+
+def _global_batch(value: Any, sibling: Callable[[str], Any]) -> Any:
+    """A global batch size; a negative value (torchtitan -1) means "not set"."""
+    out = _number(value, int)
+    return SKIP if isinstance(out, int) and out < 1 else out
+
+
+def _lf_attn(value: Any, sibling: Callable[[str], Any]) -> Any:
+    hit = _lookup(F.LF_FLASH_ATTN, value, "LLaMA-Factory flash_attn value")
+    if hit == "auto":
+        return LibraryChoice("flash_attn: auto leaves the attention to transformers")
+    return hit
 
 
 def _warmup(value: Any, sibling: Callable[[str], Any]) -> Any:
@@ -345,7 +389,11 @@ CONVERTERS: dict[str, Callable[[Any, Callable[[str], Any]], Any]] = {
     # a model's load dtype is a weak hint: when unknown it says nothing
     "load_dtype": lambda v, s: SKIP if isinstance(v, Undetermined) else _lookup(F.DTYPE_NAMES, v, "precision"),
     "attn": _attn,
-    "lf_attn": lambda v, s: _lookup(F.LF_FLASH_ATTN, v, "LLaMA-Factory flash_attn value"),
+    "lf_attn": _lf_attn,
+    "titan_optim": _titan_optim,
+    "titan_ac": _titan_ac,
+    "titan_dtype": _titan_dtype,
+    "global_batch": _global_batch,
     "optim": _optim,
     "optim_component": _optim_component,
     "ds_optim": _ds_optim,
@@ -363,10 +411,10 @@ INEXPRESSIBLE = _Marker("inexpressible")
 
 _FLAG_MEANING = {"flag_bf16": "bf16", "flag_fp16": "fp16", "flag_flash": "flash", "flag_sdpa": "sdpa",
                  "flag_eager": "eager", "flag_packed": "packed", "auto_bf16": "bf16"}
-_IDENTITY = ("int", "float", "str", "str_only", "model_id", "optim", "workers", "warmup")
+_IDENTITY = ("int", "float", "str", "str_only", "model_id", "optim", "workers", "warmup", "global_batch")
 #: Preferred spelling of an attention value per converter (the HF names; LLaMA-Factory's own).
 _ATTN_OUT = {"attn": {"sdpa": "sdpa", "eager": "eager", "flash": "flash_attention_2"},
-             "lf_attn": {"sdpa": "sdpa", "eager": "disabled", "flash": "fa2", "unknown": "auto"}}
+             "lf_attn": {"sdpa": "sdpa", "eager": "disabled", "flash": "fa2"}}
 _DTYPE_STYLES = (("torch.", ("torch.bfloat16", "torch.float16", "torch.float32")),
                  ("long", ("bfloat16", "float16", "float32")),
                  ("short", ("bf16", "fp16", "fp32")))
@@ -420,13 +468,16 @@ def render_value(conv: str, value: Any, original: Any = None) -> tuple[Any, bool
         out = _render_dtype(value, original) if isinstance(value, str) else INEXPRESSIBLE
     elif conv in _ATTN_OUT:
         table = F.ATTN_NAMES if conv == "attn" else F.LF_FLASH_ATTN
-        keep = isinstance(original, str) and table.get(original.strip().lower()) == value
+        keep = isinstance(original, str) and table.get(original.strip().lower()) == value and value != "auto"
         out = original if keep else _ATTN_OUT[conv].get(value, INEXPRESSIBLE)
     elif conv == "tokenizer_padding":
         out = {"max_length": "max_length", "dynamic": False,
                "longest": True if isinstance(original, bool) else "longest"}.get(value, INEXPRESSIBLE)
     elif conv == "pad_to_length":
         out = {"max_length": True, "dynamic": False}.get(value, INEXPRESSIBLE)
+    elif conv == "titan_ac":
+        keep = isinstance(original, str) and original.strip().lower() != "none"
+        out = (original if keep else "selective") if value is True else "none" if value is False else INEXPRESSIBLE
     elif conv == "sampling_strategy":
         out = ("group_by_length" if value else "random") if isinstance(value, bool) else INEXPRESSIBLE
     else:
@@ -464,11 +515,77 @@ def tool_rows(tool: str) -> list[tuple[str, str, str, int]]:
     return list(rows.values())
 
 
-def tool_defaults(tool: str) -> dict[str, tuple[object, str, str]]:
-    """Defaults of ``tool`` over those of its bases, plus the common ones."""
+def class_chain(cls: str) -> list[str]:
+    """``cls`` followed by its bases in fields.CLASS_DEFAULTS (unknown classes: empty)."""
+    chain: list[str] = []
+    while cls in F.CLASS_DEFAULTS and cls not in chain:
+        chain.append(cls)
+        cls = F.CLASS_DEFAULTS[cls][3] or ""
+    return chain
+
+
+def class_default(cls: str, key: str) -> tuple[Any, str] | None:
+    """One key's default for library class ``cls`` (its bases included) and a cited detail, or None.
+
+    Source: fields.CLASS_DEFAULTS (each set names its library, version and file).
+    """
+    for c in class_chain(cls):
+        library, versions, source, _, values = F.CLASS_DEFAULTS[c]
+        if key in values:
+            name = c.rsplit(".", 1)[-1]
+            return values[key], f"{key}={values[key]!r}: {library} {name} default ({versions}; {source})"
+    return None
+
+
+def class_defaults(tool: str, classes: list[str]) -> dict[str, tuple[object, str, str]]:
+    """Field defaults of library classes (fields.CLASS_DEFAULTS), each with its bases, read through
+    ``tool``'s synonym rows: field -> ``(value, kind, detail)``, the detail naming the library, the
+    class, the version and the file.  Later classes win."""
+    ordered: list[str] = []
+    for c in classes:
+        ordered += [b for b in reversed(class_chain(c)) if b not in ordered]
+    merged: dict[str, Any] = {}
+    for c in ordered:
+        merged.update(F.CLASS_DEFAULTS[c][4])
+    rows = tool_rows(tool)
+    out: dict[str, tuple[object, str, str]] = {}
+    for c in ordered:
+        library, versions, source, _, values = F.CLASS_DEFAULTS[c]
+        cite = f"{library} {c.rsplit('.', 1)[-1]} default ({versions}; {source})"
+        for key, value in values.items():
+            if key.startswith("="):
+                v, why = value
+                out[key[1:]] = ((None, "unset", f"{why}: {cite}") if v == F.UNDETERMINED
+                                else (v, "default", f"{why}: {cite}"))
+                continue
+            parent = key.rsplit(".", 1)[0] + "." if "." in key else ""
+            for field_name, row_key, conv, _ in rows:
+                if row_key != key:
+                    continue
+                got, note = convert(conv, value, lambda k, p=parent: merged.get(p + k))
+                if isinstance(got, Weak):
+                    got = got.value
+                if got is SKIP or got is DEFER or isinstance(got, (Undetermined, Ratio, LibraryChoice)):
+                    continue
+                out[field_name] = (got, "default", f"{key}={value!r}: {cite}")
+    return out
+
+
+def tool_defaults(tool: str, cls: str | None = None) -> dict[str, tuple[object, str, str]]:
+    """Defaults of ``tool``: the common ones, then for each tool of its chain (base first) its
+    library class's (fields.TOOL_CLASS, :func:`class_defaults`) and its own (fields.TOOL_DEFAULTS),
+    then those of ``cls``, the class a script builds (e.g. ``GRPOConfig``), which win."""
     out = dict(F.COMMON_DEFAULTS)
+    applied: list[str] = []
     for t in reversed(tool_chain(tool)):
+        if t in F.TOOL_CLASS:
+            applied.append(F.TOOL_CLASS[t])
+            out.update(class_defaults(tool, applied))
         out.update(F.TOOL_DEFAULTS.get(t, {}))
+    if cls and cls in F.CLASS_DEFAULTS:
+        done = {b for c in applied for b in class_chain(c)}
+        fresh = [b for b in reversed(class_chain(cls)) if b not in done]
+        out.update(class_defaults(tool, fresh))
     return out
 
 
@@ -481,17 +598,31 @@ def deprecated_keys(tool: str) -> dict[str, str]:
 
 
 def detect_tool(keys: set[str] | dict[str, Any]) -> str:
-    """Which tool wrote a flattened mapping (first match of fields.TOOL_SIGNATURES)."""
+    """Which tool wrote a flattened mapping, or ``"unknown"``.
+
+    The first tool of fields.TOOL_SIGNATURES with one of its keys; else the
+    Trainer's arguments (``hf``) when enough top-level keys are
+    TrainingArguments keys (fields.HF_MIN_KEYS / HF_MIN_SHARE); else
+    ``unknown``: a format Goblin does not know, read without defaults.
+    """
+    return detect_tool_confidence(keys)[0]
+
+
+def detect_tool_confidence(keys: set[str] | dict[str, Any]) -> tuple[str, float]:
+    """:func:`detect_tool` with a confidence in [0, 1] (a signature key: 1.0; HF by its keys: their share)."""
     for tool, signature in F.TOOL_SIGNATURES:
         for sig in signature:
-            if sig == "*":
-                return tool
             if sig.startswith("*"):
                 if any(k.endswith(sig[1:]) for k in keys):
-                    return tool
+                    return tool, 1.0
             elif sig in keys or any(k.startswith(sig + ".") for k in keys):
-                return tool
-    return "hf"
+                return tool, 1.0
+    top = {k for k in keys if "." not in k}
+    known = top & F.HF_ARG_KEYS
+    share = len(known) / len(top) if top else 0.0
+    if len(known) >= F.HF_MIN_KEYS or (known and share >= F.HF_MIN_SHARE):
+        return "hf", round(max(share, F.FORMAT_CONFIDENCE["fallback_hf"]), 2)
+    return "unknown", 0.0
 
 
 @dataclass
@@ -520,8 +651,26 @@ def map_entries(tool: str, raws: dict[str, Raw], origin: str = "") -> Mapped:
         Candidates (``Found``) in row order, and the fields whose key was
         ``"auto"`` (deferred to the trainer).
     """
+    return _map_rows(tool_rows(tool), raws, origin)
+
+
+def map_by_name(raws: dict[str, Raw], why: str) -> Mapped:
+    """Candidates of a file in a format Goblin does not know: each key's last
+    part looked up in the generic names (fields.PY_NAMES), rank R_NAME, with
+    ``why`` in the provenance.  No defaults are implied."""
+    rows: list[tuple[str, str, str, int]] = []
+    for key in raws:
+        leaf = key.rsplit(".", 1)[-1].lower().replace("-", "_")
+        for field_name, names in F.PY_NAMES.items():
+            if leaf in names:
+                rows.append((field_name, key, F.PY_NAME_CONVERTERS[field_name], F.R_NAME))
+                break
+    return _map_rows(rows, raws, why)
+
+
+def _map_rows(rows: list[tuple[str, str, str, int]], raws: dict[str, Raw], origin: str) -> Mapped:
     out = Mapped()
-    for field_name, key, conv, row_rank in tool_rows(tool):
+    for field_name, key, conv, row_rank in rows:
         rank = row_rank
         raw = raws.get(key)
         if raw is None:

@@ -19,7 +19,8 @@ from typing import Any, Iterator
 
 from goblin_assets.audit import fields as F
 from goblin_assets.audit.config_map import (
-    DEFER, SKIP, Found, Raw, Undetermined, Weak, convert, found, map_entries, optimizer_name,
+    DEFER, SKIP, Found, LibraryChoice, Raw, Undetermined, Weak, class_default, convert, found, map_entries,
+    optimizer_name,
 )
 from goblin_assets.contracts import Provenance
 
@@ -42,10 +43,11 @@ class Resolved:
     node: ast.AST | None = None
     kind: str = "literal"
     notes: tuple[str, ...] = ()
+    ext: Raw | None = None                       # the value is written in another file (a launch line)
 
     def via(self, kind: str, note: str = "") -> Resolved:
         notes = self.notes + ((note,) if note and note not in self.notes else ())
-        return Resolved(self.value, self.node, _stronger(self.kind, kind), notes)
+        return Resolved(self.value, self.node, _stronger(self.kind, kind), notes, self.ext)
 
 
 def _undetermined(reason: str) -> Resolved:
@@ -74,6 +76,8 @@ class _Assign:
     line: int
     value: ast.AST
     module_level: bool
+    scope: ast.AST | None = None                 # the enclosing function (None: module level)
+    stmt: ast.AST | None = None                  # the assignment statement (for liveness)
 
 
 @dataclass
@@ -84,6 +88,7 @@ class PythonResult:
     found: list[Found] = field(default_factory=list)
     raws: dict[str, Raw] = field(default_factory=dict)      # trainer-argument keys seen
     warnings: list[str] = field(default_factory=list)
+    cls: str | None = None                                  # the library config class built (DPOConfig ...)
 
 
 class _Collector(ast.NodeVisitor):
@@ -93,12 +98,17 @@ class _Collector(ast.NodeVisitor):
         self.assigns: dict[str, list[_Assign]] = {}
         self.argparse: dict[str, _ArgDef] = {}
         self.dc_fields: dict[str, ast.AST | None] = {}
-        self.ta_classes: list[tuple[str, str, dict[str, ast.AST | None]]] = []
+        self.ta_classes: list[tuple[str, str, dict[str, ast.AST | None], str]] = []   # (class, tool, fields, base)
         self.imports: dict[str, str] = {}
         self.calls: list[ast.Call] = []
         self.parents: dict[int, ast.AST] = {}
         self.assigned_from: dict[str, str] = {}       # variable -> dotted callee it was assigned from
+        self.functions: dict[str, ast.FunctionDef | ast.AsyncFunctionDef] = {}
+        self.classes: dict[str, dict[str, ast.AST | None]] = {}     # class in the file -> field defaults
+        self.click_defaults: dict[tuple[str, str], ast.AST | None] = {}   # (function, parameter) -> default
+        self.entry_decorated: set[str] = set()
         self._depth = 0
+        self._scopes: list[ast.AST] = []
 
     def generic_visit(self, node: ast.AST) -> None:
         for child in ast.iter_child_nodes(node):
@@ -118,9 +128,33 @@ class _Collector(ast.NodeVisitor):
         self.generic_visit(node)
 
     def visit_FunctionDef(self, node: ast.AST) -> None:
+        self.functions[node.name] = node
+        for deco in node.decorator_list:
+            call = deco if isinstance(deco, ast.Call) else None
+            name = dotted(call.func if call else deco)
+            if name.endswith(("command", ".main")) or name in ("command", "main"):
+                self.entry_decorated.add(node.name)
+            if call is not None and name.rsplit(".", 1)[-1] == "option":
+                self._click_option(node.name, call)
         self._depth += 1
+        self._scopes.append(node)
         self.generic_visit(node)
+        self._scopes.pop()
         self._depth -= 1
+
+    def _click_option(self, func: str, call: ast.Call) -> None:
+        """``@click.option("--train-batch-size", default=8)``: the default of parameter ``train_batch_size``."""
+        names = [a.value for a in call.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+        plain = [n for n in names if not n.startswith("-")]
+        dashed = [n.split("/")[0] for n in names if n.startswith("-")]
+        if not (plain or dashed):
+            return
+        param = plain[0] if plain else max(dashed, key=len).lstrip("-").replace("-", "_")
+        kws = {kw.arg: kw.value for kw in call.keywords if kw.arg}
+        default = kws.get("default")
+        if default is None and isinstance(kws.get("is_flag"), ast.Constant) and kws["is_flag"].value is True:
+            default = ast.Constant(False)
+        self.click_defaults[(func, param)] = default
 
     visit_AsyncFunctionDef = visit_FunctionDef
 
@@ -130,10 +164,12 @@ class _Collector(ast.NodeVisitor):
             if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
                 fields_[stmt.target.id] = _field_default(stmt.value)
         self.dc_fields.update(fields_)
+        self.classes[node.name] = fields_
         for base in node.bases:
-            tool = F.TRAINING_ARGS_CLASSES.get(dotted(base).rsplit(".", 1)[-1])
+            tail = dotted(base).rsplit(".", 1)[-1]
+            tool = F.TRAINING_ARGS_CLASSES.get(tail)
             if tool:
-                self.ta_classes.append((node.name, tool, fields_))
+                self.ta_classes.append((node.name, tool, fields_, tail))
                 break
         self._depth += 1
         for child in ast.iter_child_nodes(node):
@@ -146,20 +182,32 @@ class _Collector(ast.NodeVisitor):
                 self.visit(stmt)
         self._depth -= 1
 
-    def _record(self, target: ast.AST, value: ast.AST, line: int) -> None:
+    def _record(self, target: ast.AST, value: ast.AST, line: int, stmt: ast.AST) -> None:
         if isinstance(target, ast.Name):
-            self.assigns.setdefault(target.id, []).append(_Assign(line, value, self._depth == 0))
+            scope = self._scopes[-1] if self._scopes else None
+            self.assigns.setdefault(target.id, []).append(_Assign(line, value, self._depth == 0, scope, stmt))
             if isinstance(value, ast.Call):
                 self.assigned_from[target.id] = dotted(value.func)
 
     def visit_Assign(self, node: ast.Assign) -> None:
         for target in node.targets:
-            self._record(target, node.value, node.lineno)
+            self._record(target, node.value, node.lineno, node)
         self.generic_visit(node)
 
     def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
         if node.value is not None:
-            self._record(node.target, node.value, node.lineno)
+            self._record(node.target, node.value, node.lineno, node)
+        self.generic_visit(node)
+
+    def visit_AugAssign(self, node: ast.AugAssign) -> None:
+        if isinstance(node.target, ast.Name):      # x //= n is x = x // n
+            value = ast.BinOp(left=ast.Name(node.target.id, ast.Load()), op=node.op, right=node.value)
+            ast.copy_location(value, node)
+            ast.fix_missing_locations(value)
+            value.end_lineno = value.end_col_offset = None     # no source span: never rewritten in place
+            self.parents[id(value)] = node
+            self.parents[id(value.left)] = value
+            self._record(node.target, value, node.lineno, node)
         self.generic_visit(node)
 
     def visit_Call(self, node: ast.Call) -> None:
@@ -203,19 +251,39 @@ def _field_default(value: ast.AST | None) -> ast.AST | None:
 
 
 class _Script:
-    """A parsed script and the static resolver over it."""
+    """A parsed script and the static resolver over it.
 
-    def __init__(self, text: str, file: str):
+    ``cli`` holds the flags a launch line passes to the script (normalised
+    dest -> Raw in the launch file): they override argparse defaults,
+    dataclass field defaults and the parameters of the entry function.
+    """
+
+    def __init__(self, text: str, file: str, cli: dict[str, Raw] | None = None):
         self.file = file
+        self.cli = cli or {}
         self.lines = re.split(r"\r\n|\r|\n", text)
         self.tree = ast.parse(text, filename=file)
         self.c = _Collector()
         self.c.visit(self.tree)
         self.c.calls.sort(key=lambda n: (n.lineno, n.col_offset))
         self._memo: dict[tuple[int, int | None], Resolved] = {}
+        self._live: dict[int, bool | None] = {}
         self._budget = _RESOLVE_BUDGET
         self.tokenizers = {name for name, callee in self.c.assigned_from.items()
                            if re.search(r"Tokenizer\w*\.from_pretrained$", callee)}
+        self.call_sites: dict[str, list[tuple[ast.Call, int]]] = {}     # function -> (call, first bound parameter)
+        self.entries: set[str] = set(self.c.entry_decorated)
+        for call in self.c.calls:
+            func = call.func
+            if isinstance(func, ast.Name) and func.id in self.c.functions:
+                self.call_sites.setdefault(func.id, []).append((call, 0))
+            first = call.args[0] if call.args else None
+            if isinstance(first, ast.Name) and first.id in self.c.functions:
+                tail = dotted(func).rsplit(".", 1)[-1]
+                if tail in F.ENTRY_CALLS:
+                    self.entries.add(first.id)
+                elif tail in F.FUNCTION_LAUNCHERS:       # fabric.launch(main, a, b): main(fabric, a, b)
+                    self.call_sites.setdefault(first.id, []).append((call, -1))
 
     # ------------------------------------------------------------------ positions
 
@@ -231,7 +299,11 @@ class _Script:
                 node.end_lineno, self._char_col(node.end_lineno, node.end_col_offset))
 
     def raw(self, res: Resolved, at: ast.AST, detail: str = "") -> Raw:
-        """A Resolved value as a Raw (dicts are flattened by the caller)."""
+        """A Resolved value as a Raw (dicts are flattened by the caller); a value from a launch
+        line keeps that file's place."""
+        if res.ext is not None:
+            notes = "; ".join(res.notes + ((detail,) if detail else ()))
+            return Raw(res.value, res.ext.file, res.ext.line, res.ext.span, res.kind, notes)
         node = res.node if res.node is not None else None
         line = node.lineno if node is not None else getattr(at, "lineno", None)
         notes = "; ".join(res.notes + ((detail,) if detail else ()))
@@ -250,16 +322,114 @@ class _Script:
         full = self.c.imports.get(head)
         return f"{full}.{rest}".rstrip(".") if full else name
 
-    def _assignment(self, name: str, line: int | None) -> _Assign | None:
-        cands = self.c.assigns.get(name, [])
-        if len(cands) <= 1:
-            return cands[0] if cands else None
+    def scope_of(self, node: ast.AST) -> ast.AST | None:
+        """The function that contains ``node`` (None at module level)."""
+        for anc in self.ancestors(node):
+            if isinstance(anc, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                return anc
+        return None
+
+    def _assignment(self, name: str, line: int | None, scope: ast.AST | None = None) -> _Assign | None:
+        """The assignment of ``name`` that a use at ``line`` in ``scope`` sees.
+
+        The latest live one before the use in the same function, else the
+        module's (latest before the use, else latest); assignments in code
+        that does not run under the default values (:meth:`live`) are skipped.
+        """
+        cands = [a for a in self.c.assigns.get(name, []) if a.stmt is None or self.live(a.stmt) is not False]
+        if not cands:
+            return None
+        local = [a for a in cands if a.scope is scope and scope is not None]
+        if local and line is not None:
+            before = [a for a in local if a.line <= line and not (a.line == line and self._is_target(a, line))]
+            if before:
+                return before[-1]
+        if scope is not None and self._param(scope, name) is not None:
+            return None                                   # a parameter of the function: see _param_value
+        if len(cands) == 1:
+            return cands[0]
         if line is not None:
-            before = [a for a in cands if a.line < line]
+            before = [a for a in cands if a.line < line and (a.scope is None or a.scope is scope)]
             if before:
                 return before[-1]
         module = [a for a in cands if a.module_level]
         return (module or cands)[-1]
+
+    @staticmethod
+    def _is_target(a: _Assign, line: int) -> bool:
+        return isinstance(a.stmt, ast.AugAssign) or (isinstance(a.stmt, ast.Assign) and a.line == line)
+
+    @staticmethod
+    def _param(func: ast.AST, name: str) -> tuple[int, ast.AST | None, ast.arg] | None:
+        """(position, default node, arg) of parameter ``name`` of ``func``, or None."""
+        args = func.args
+        positional = args.posonlyargs + args.args
+        defaults = [None] * (len(positional) - len(args.defaults)) + list(args.defaults)
+        for i, (arg, default) in enumerate(zip(positional, defaults)):
+            if arg.arg == name:
+                return i, default, arg
+        for arg, default in zip(args.kwonlyargs, args.kw_defaults):
+            if arg.arg == name:
+                return -1, default, arg
+        return None
+
+    def _param_value(self, func: ast.AST, name: str, depth: int) -> Resolved | None:
+        """The value parameter ``name`` of ``func`` has: a launch-line flag (entry functions), the
+        argument of the function's only call in the file, or its default (click/typer included)."""
+        hit = self._param(func, name)
+        if hit is None:
+            return None
+        entry = func.name in self.entries
+        if entry and name in self.cli:
+            return self._flag(name, self.cli[name])
+        bound = self._param_node(func, name)
+        if bound is not None and bound[2] is not None:
+            node, line, call = bound
+            return self.resolve(node, line, depth).via("variable", f"passed as {name} to {func.name}()")
+        default = bound[0] if bound is not None else None
+        if default is None:
+            if entry:
+                return Resolved(Undetermined(f"parameter {name} of {func.name}() has no default: set on the "
+                                             "command line", cli=True))
+            return _undetermined(f"parameter {name} of {func.name}() is set by its caller at run time")
+        where = f"{name}={_short(default)} in {func.name}()"
+        note = f"default {where} (the command line may override it)" if entry else f"default {where}"
+        return self.resolve(default, getattr(default, "lineno", None), depth).via("default", note)
+
+    def _flag(self, dest: str, raw: Raw) -> Resolved:
+        note = f"--{dest} on the launch line in {raw.file} overrides the script's default"
+        return Resolved(raw.value, None, "literal", (note,), raw)
+
+    def live(self, node: ast.AST) -> bool | None:
+        """Whether ``node`` runs when every setting keeps its default value.
+
+        False when an enclosing ``if`` (or conditional expression) takes the
+        other branch under the defaults (``if args.bf16:`` with a
+        ``store_true`` flag, ``if lora_args.q_lora:`` with ``q_lora=False``);
+        None when a test depends on run time; True otherwise.
+        """
+        key = id(node)
+        if key in self._live:
+            return self._live[key]
+        self._live[key] = None                       # a cycle through the tests: unknown
+        verdict: bool | None = True
+        child = node
+        for anc in self.ancestors(node):
+            if isinstance(anc, (ast.If, ast.IfExp, ast.While)) and child is not anc.test:
+                in_body = child in anc.body if isinstance(anc.body, list) else child is anc.body
+                test = self.resolve(anc.test)
+                truth = _truth(test.value)
+                if truth is None:
+                    verdict = None if verdict else verdict
+                elif truth != in_body and not isinstance(anc, ast.While):
+                    verdict = False
+                    break
+                elif isinstance(anc, ast.While) and not truth and in_body:
+                    verdict = False
+                    break
+            child = anc
+        self._live[key] = verdict
+        return verdict
 
     def resolve(self, node: ast.AST | None, line: int | None = None, depth: int = 0) -> Resolved:
         """Resolve ``node`` to a value without running anything."""
@@ -288,7 +458,18 @@ class _Script:
         return Resolved(node.value, node)
 
     def _r_Name(self, node: ast.Name, line: int | None, depth: int) -> Resolved:
-        assign = self._assignment(node.id, line)
+        scope = self.scope_of(node)
+        assign = self._assignment(node.id, line, scope)
+        outer = scope
+        while assign is None and outer is not None:
+            param = self._param_value(outer, node.id, depth)
+            if param is not None:
+                return param
+            outer = self.scope_of(outer)               # a closure: the enclosing function's names
+            if outer is not None:
+                local = [a for a in self.c.assigns.get(node.id, []) if a.scope is outer
+                         and (a.stmt is None or self.live(a.stmt) is not False)]
+                assign = local[-1] if local else None
         if assign is None:
             if node.id in self.c.imports:
                 return Resolved(self.c.imports[node.id], node)
@@ -298,22 +479,112 @@ class _Script:
     def _r_Attribute(self, node: ast.Attribute, line: int | None, depth: int) -> Resolved:
         base = node.value
         if isinstance(base, ast.Name) and base.id not in self.c.imports:
+            obj = self._object(base, line, depth)
+            if obj is not None and node.attr in obj:
+                return obj[node.attr].via("variable")
+            if obj is not None and "__class__" in obj:
+                hit = class_default(obj["__class__"].value, node.attr)
+                if hit is not None:
+                    return Resolved(hit[0], None, "default", (hit[1],))
             arg = self.c.argparse.get(node.attr)
             if arg is not None:
                 return self._argparse_default(node.attr, arg, line, depth)
             if node.attr in self.c.dc_fields:
+                if node.attr in self.cli:
+                    return self._flag(node.attr, self.cli[node.attr])
                 default = self.c.dc_fields[node.attr]
                 if default is None or (isinstance(default, ast.Constant) and default.value is None):
                     return Resolved(Undetermined(f"dataclass field `{node.attr}` has no default: "
                                                  "set on the command line", cli=True))
                 return self.resolve(default, None, depth).via(
                     "default", f"dataclass field default of {node.attr} (a CLI flag may override it)")
+            if node.attr in self.cli and self.c.ta_classes:
+                return self._flag(node.attr, self.cli[node.attr])
+            for _, _, _, base_cls in self.c.ta_classes:
+                hit = class_default(base_cls, node.attr)
+                if hit is not None:
+                    return Resolved(hit[0], None, "default", (hit[1] + " (a CLI flag may override it)",))
         full = self.fullname(node)
         if full.split(".")[0] in {v.split(".")[0] for v in self.c.imports.values()}:
             return Resolved(full, node)
         return _undetermined(f"`{_short(node)}` is only known at run time")
 
+    def _object(self, name: ast.Name, line: int | None, depth: int) -> dict[str, Resolved] | None:
+        """The fields of the object ``name`` holds when it is built in the file: a dataclass of the
+        file (its field defaults under the call's arguments) or a known library config class (the
+        call's arguments, plus ``__class__`` for its library defaults)."""
+        if depth > _MAX_DEPTH:
+            return None
+        scope = self.scope_of(name)
+        assign = self._assignment(name.id, line, scope)
+        if assign is not None:
+            value, at = assign.value, assign.line
+        elif scope is not None and self._param(scope, name.id) is not None:
+            value, at, _ = self._param_node(scope, name.id)
+            if value is None:
+                return None
+        else:
+            return None
+        if isinstance(value, ast.Name):
+            return self._object(value, at, depth + 1)
+        return self._call_object(value, at, depth + 1)
+
+    def _param_node(self, func: ast.AST, name: str) -> tuple[ast.AST | None, int | None, ast.Call | None] | None:
+        """``(node, line, call)``: the argument parameter ``name`` of ``func`` gets at the function's
+        only call in the file (``call`` set), else its default (``call`` None; the node may be None)."""
+        hit = self._param(func, name)
+        if hit is None:
+            return None
+        pos, default, _ = hit
+        sites = self.call_sites.get(func.name, [])
+        if len(sites) == 1:
+            call, shift = sites[0]
+            node = next((kw.value for kw in call.keywords if kw.arg == name), None)
+            usable = pos >= 0 and not (shift < 0 and pos == 0)      # launch(fn, ...): fn's first is the launcher's
+            if node is None and usable and pos < len(call.args) and not isinstance(call.args[pos], ast.Starred):
+                node = call.args[pos]
+            if node is not None:
+                return node, call.lineno, call
+        click = self.c.click_defaults.get((func.name, name), ...)
+        default = _option_default(default if click is ... else click)
+        return default, getattr(default, "lineno", None), None
+
+    def origin(self, node: ast.AST, depth: int = 0) -> ast.AST:
+        """The expression ``node`` stands for under the default values: through names
+        (their live assignment) and conditional expressions (the branch the test takes)."""
+        if depth > _MAX_DEPTH:
+            return node
+        if isinstance(node, ast.Name):
+            assign = self._assignment(node.id, node.lineno, self.scope_of(node))
+            return self.origin(assign.value, depth + 1) if assign is not None else node
+        if isinstance(node, ast.IfExp):
+            truth = _truth(self.resolve(node.test).value)
+            if truth is not None:
+                return self.origin(node.body if truth else node.orelse, depth + 1)
+        return node
+
+    def _call_object(self, value: ast.AST, at: int | None, depth: int) -> dict[str, Resolved] | None:
+        """Fields of the object a call builds: a dataclass of the file, or a library config class."""
+        if not isinstance(value, ast.Call) or depth > _MAX_DEPTH:
+            return None
+        tail = dotted(value.func).rsplit(".", 1)[-1]
+        kwargs = self._kwargs(value, at, depth + 1)
+        if tail in self.c.classes:
+            fields_ = self.c.classes[tail]
+            out = {k: self.resolve(v, v.lineno, depth + 1).via("default", f"field default of {tail}.{k}")
+                   for k, v in fields_.items() if v is not None}
+            for i, arg in enumerate(value.args[:len(fields_)]):
+                out[list(fields_)[i]] = self.resolve(arg, at, depth + 1)
+            out.update(kwargs)
+            return out
+        if tail in F.CLASS_DEFAULTS or tail in F.TRAINING_ARGS_CLASSES:
+            kwargs["__class__"] = Resolved(tail if tail in F.CLASS_DEFAULTS else "TrainingArguments")
+            return kwargs
+        return None
+
     def _argparse_default(self, dest: str, arg: _ArgDef, line: int | None, depth: int) -> Resolved:
+        if dest in self.cli:
+            return self._flag(dest, self.cli[dest])
         note = f"argparse default of --{dest.replace('_', '-')} (a command-line flag may override it)"
         none = isinstance(arg.default, ast.Constant) and arg.default.value is None
         if arg.default is not None and not none:
@@ -358,6 +629,35 @@ class _Script:
                          or right.kind != "literal" else "literal")
         return Resolved(value, node, kind, left.notes + right.notes)
 
+    def _r_BoolOp(self, node: ast.BoolOp, line: int | None, depth: int) -> Resolved:
+        """``a or b`` / ``a and b`` with Python's short-circuit on values known statically."""
+        last = None
+        for value in node.values:
+            last = self.resolve(value, line, depth)
+            truth = _truth(last.value)
+            if truth is None:
+                return _undetermined(f"`{_short(node)}` depends on a run-time value")
+            if truth == isinstance(node.op, ast.Or):
+                return last.via("variable")
+        return last.via("variable")
+
+    def _r_Compare(self, node: ast.Compare, line: int | None, depth: int) -> Resolved:
+        left = self.resolve(node.left, line, depth)
+        if isinstance(left.value, Undetermined):
+            return left
+        ops = {ast.Eq: lambda a, b: a == b, ast.NotEq: lambda a, b: a != b, ast.Lt: lambda a, b: a < b,
+               ast.LtE: lambda a, b: a <= b, ast.Gt: lambda a, b: a > b, ast.GtE: lambda a, b: a >= b,
+               ast.Is: lambda a, b: a is b, ast.IsNot: lambda a, b: a is not b,
+               ast.In: lambda a, b: a in b, ast.NotIn: lambda a, b: a not in b}
+        a, result, notes = left.value, True, left.notes
+        for op, comp in zip(node.ops, node.comparators):
+            right = self.resolve(comp, line, depth)
+            if isinstance(right.value, Undetermined) or type(op) not in ops or isinstance(a, dict):
+                return _undetermined(f"`{_short(node)}` depends on a run-time value")
+            result = result and ops[type(op)](a, right.value)
+            a, notes = right.value, notes + right.notes
+        return Resolved(bool(result), None, "variable", notes)
+
     def _r_Call(self, node: ast.Call, line: int | None, depth: int) -> Resolved:
         name = dotted(node.func)
         tail = name.rsplit(".", 1)[-1]
@@ -369,6 +669,8 @@ class _Script:
             return Resolved(cast(inner.value), inner.node, inner.kind, inner.notes)
         if name.endswith("environ.get") or tail == "getenv":
             return self._env(node, line, depth)
+        if tail in F.RUNTIME_TRUE and not node.args:
+            return Resolved(True, None, "inferred", (F.RUNTIME_TRUE[tail],))
         if name == "dict":
             return Resolved(self._kwargs(node, line, depth), node, "variable")
         if name in ("max", "min") and node.args:
@@ -480,6 +782,28 @@ class _Script:
             yield node
 
 
+def _truth(value: Any) -> bool | None:
+    """Python truthiness of a statically known value (None when it is not known)."""
+    if isinstance(value, Undetermined):
+        return None
+    try:
+        return bool(value)
+    except Exception:
+        return None
+
+
+def _option_default(node: ast.AST | None) -> ast.AST | None:
+    """The default inside ``typer.Option(12, ...)`` / ``typer.Argument(default=...)``; else ``node``."""
+    if isinstance(node, ast.Call) and dotted(node.func).rsplit(".", 1)[-1] in ("Option", "Argument"):
+        kw = next((k.value for k in node.keywords if k.arg == "default"), None)
+        first = node.args[0] if node.args else None
+        pick = kw if kw is not None else first
+        if isinstance(pick, ast.Constant) and pick.value is Ellipsis:
+            return None
+        return pick
+    return node
+
+
 def _short(node: ast.AST) -> str:
     try:
         text = ast.unparse(node)
@@ -498,6 +822,7 @@ class _Analysis:
         self.raws: dict[str, Raw] = {}
         self.warnings: list[str] = []
         self.tool: str | None = None
+        self.cls: str | None = None
         self.optimizer_vars: set[str] = set()
         self.training = False
 
@@ -514,7 +839,7 @@ class _Analysis:
         if isinstance(value, Weak):
             value, rank = value.value, min(rank, F.R_WEAK)
         text = "; ".join(p for p in (detail, raw.detail, note) if p)
-        prov = Provenance(file=self.file, line=raw.line, kind=raw.kind, detail=text, span=raw.span, key=key)
+        prov = Provenance(file=raw.file, line=raw.line, kind=raw.kind, detail=text, span=raw.span, key=key)
         self.out.append(found(field_name, value, prov, rank, conv, base_rank))
 
     def infer(self, field_name: str, value: Any, rank: int, at: ast.AST, detail: str) -> None:
@@ -522,18 +847,22 @@ class _Analysis:
         self.out.append(found(field_name, value, prov, rank))
 
     def run(self) -> PythonResult:
-        for name, tool, fields_ in self.s.c.ta_classes:
+        for name, tool, fields_, base in self.s.c.ta_classes:
             self.tool = self.tool or tool
-            values = {k: (self.s.resolve(v).via("default", f"dataclass field default in class {name} "
+            self.cls = self.cls or base
+            values = {k: (self.s._flag(k, self.s.cli[k]) if k in self.s.cli else
+                          self.s.resolve(v).via("default", f"dataclass field default in class {name} "
                                                            "(a CLI flag may override it)")
                           if v is not None else _undetermined(f"dataclass field {k} has no default"))
                       for k, v in fields_.items()}
             self._trainer_args(values, self.s.tree, f"class {name}")
         for call in self.s.c.calls:
-            self._call(call)
+            if self.s.live(call) is not False:
+                self._call(call)
         self._names()
         self._grad_accum()
         self._imports()
+        self._quantization()
         imported = [F.TRAINING_ARGS_CLASSES[full.rsplit(".", 1)[-1]] for full in self.s.c.imports.values()
                     if full.rsplit(".", 1)[-1] in F.TRAINING_ARGS_CLASSES]
         if self.tool is None and imported:   # HfArgumentParser((..., TrainingArguments)): defaults + CLI
@@ -546,7 +875,7 @@ class _Analysis:
         if tool == "text":
             self.warnings.append(f"{self.file}: no trainer arguments, optimizer or DataLoader found; "
                                  "values come only from variable names")
-        return PythonResult(tool, self.out, self.raws, self.warnings)
+        return PythonResult(tool, self.out, self.raws, self.warnings, self.cls)
 
     def _trainer_args(self, values: dict[str, Resolved], at: ast.AST, origin: str) -> None:
         raws = self.s.flat_raws(values, at)
@@ -565,6 +894,7 @@ class _Analysis:
         line = call.lineno
         if tail in F.TRAINING_ARGS_CLASSES:
             self.tool = self.tool or F.TRAINING_ARGS_CLASSES[tail]
+            self.cls = self.cls or tail
             self.training = True
             self._trainer_args(s._kwargs(call, line), call, f"{tail}(...) line {line}")
             return
@@ -577,11 +907,14 @@ class _Analysis:
         for pattern, args, rank in F.CALL_FIELDS:
             if not re.search(pattern, callee):
                 continue
-            for arg, (field_name, conv) in args.items():
+            for arg, (field_name, conv, *own_rank) in args.items():
                 node = s.argument(call, arg)
                 if node is not None:
                     label = f"argument {arg[1:]}" if arg.startswith("#") else arg
-                    self.add(field_name, s.resolve(node, line), conv, rank, call, f"{label} of {name}(...)", key=arg)
+                    self.add(field_name, s.resolve(node, line), conv, own_rank[0] if own_rank else rank, call,
+                             f"{label} of {name}(...)", key=arg)
+            if re.search(F.MODEL_FROM_PRETRAINED, callee):
+                self._library_attention(call, name)
             if "attn_implementation" in args:
                 for arg in F.LOAD_DTYPE_ARGS:
                     node = s.argument(call, arg)
@@ -590,6 +923,8 @@ class _Analysis:
                                  f"{arg} of {name}(...): the model's load dtype", key=arg)
             self._call_defaults(call, callee, name)
             break
+        if tail.endswith("Trainer") and tail != "Trainer":
+            self._trainer_model_attention(call, name)
         if re.search(F.TRAINER_CALL, name) and s.argument(call, "data_collator") is None and any(
                 s.argument(call, k) is not None for k in F.TRAINER_TOKENIZER_KWARGS):
             self.infer("padding", "dynamic", F.R_PATTERN - 1, call,
@@ -604,7 +939,8 @@ class _Analysis:
             self._optimizer(call, full)
         elif tail in F.CHECKPOINTING_CALLS or (tail == "checkpoint" and full.startswith(F.CHECKPOINT_MODULE)):
             off = s.argument(call, "use_gradient_checkpointing")
-            if off is None or s.resolve(off).value is not False:
+            # a value passed through (training_args.gradient_checkpointing) only turns it on when it is on
+            if off is None or convert("checkpointing", s.resolve(off).value)[0] is True:
                 self.infer("gradient_checkpointing", True, F.R_PATTERN, call,
                            F.CHECKPOINTING_CALLS.get(tail, f"{name}(...) from {F.CHECKPOINT_MODULE}"))
         elif tail in F.PADDING_COLLATORS:
@@ -686,11 +1022,11 @@ class _Analysis:
             self.add("lr", self.s.resolve(lr, call.lineno), "float", F.R_CALL, call, f"lr of {full}(...)",
                      key="lr" if self.s.argument(call, "lr") is not None else "#1")
         else:
-            default = F.OPTIMIZER_CLASSES[full.rsplit(".", 1)[-1]][1]
+            hit = class_default(full.rsplit(".", 1)[-1], "lr")
             prov = Provenance(file=self.file, line=call.lineno, kind="default",
-                              detail=f"{full} default lr (torch.optim docs)")
-            self.out.append(found("lr", default if default is not None else
-                                  Undetermined(f"{full} has no fixed default lr"), prov, F.R_CALL))
+                              detail=f"{full}(...) sets no lr; " + (hit[1] if hit else "no default in our table"))
+            self.out.append(found("lr", hit[0] if hit else Undetermined(f"{full} has no fixed default lr"),
+                                  prov, F.R_CALL))
         parent = self.s.c.parents.get(id(call))
         if isinstance(parent, (ast.Assign, ast.AnnAssign)):
             for target in getattr(parent, "targets", [getattr(parent, "target", None)]):
@@ -698,25 +1034,40 @@ class _Analysis:
                     self.optimizer_vars.add(target.id)
 
     def _names(self) -> None:
-        """Argparse dests and module-level variables named like a field (fields.PY_NAMES)."""
+        """Argparse dests, entry-function parameters (and the fields of objects they default to) and
+        module-level variables named like a field (fields.PY_NAMES), in that order."""
         s = self.s
-        module_names = {name.lower(): name for name, assigns in s.c.assigns.items()
-                        if any(a.module_level for a in assigns)}
-        dests = {d.lower(): d for d in s.c.argparse}
+        sources: dict[str, Any] = {}
+        for name, assigns in s.c.assigns.items():
+            if any(a.module_level for a in assigns):
+                sources.setdefault(name.lower(), ("module", name))
+        for fname in sorted(s.entries):
+            func = s.c.functions[fname]
+            for arg in func.args.args + func.args.kwonlyargs:
+                node = s._param_node(func, arg.arg)
+                obj = s._call_object(node[0], node[1], 0) if node and isinstance(node[0], ast.Call) else None
+                for key in (obj or {}):
+                    if not key.startswith("__"):
+                        sources[key.lower()] = ("object", obj[key], f"{arg.arg}.{key} of {fname}()")
+                sources[arg.arg.lower()] = ("param", func, arg.arg)
+        for dest in s.c.argparse:
+            sources[dest.lower()] = ("argparse", dest)
         for field_name, names in F.PY_NAMES.items():
             for low in names:
-                if low in dests:
-                    dest = dests[low]
-                    res = s._argparse_default(dest, s.c.argparse[dest], None, 0)
-                    where = ""   # the resolved note names the argparse flag
-                elif low in module_names:
-                    name = module_names[low]
-                    assign = next(a for a in reversed(s.c.assigns[name]) if a.module_level)
-                    res = s.resolve(assign.value, assign.line).via("variable")
-                    where = f"module variable {name}"
-                else:
+                hit = sources.get(low)
+                if hit is None:
                     continue
-                if isinstance(res.value, Undetermined):
+                where = ""   # the resolved note names the flag, parameter or variable
+                if hit[0] == "argparse":
+                    res = s._argparse_default(hit[1], s.c.argparse[hit[1]], None, 0)
+                elif hit[0] == "param":
+                    res = s._param_value(hit[1], hit[2], 0)
+                elif hit[0] == "object":
+                    res, where = hit[1], hit[2]
+                else:
+                    assign = next(a for a in reversed(s.c.assigns[hit[1]]) if a.module_level)
+                    res, where = s.resolve(assign.value, assign.line).via("variable"), f"module variable {hit[1]}"
+                if res is None or isinstance(res.value, (Undetermined, dict)):
                     continue
                 gate = _name_gate(s, low)
                 if gate is not None:
@@ -725,11 +1076,14 @@ class _Analysis:
                 break
 
     def _grad_accum(self) -> None:
-        """``optimizer.step()`` under ``if ... % N == 0`` -> N; unguarded in a loop -> 1."""
+        """How often ``optimizer.step()`` runs: under ``if ... % N`` (directly or through a variable
+        such as ``is_accumulating``) -> N; inside ``accelerator.accumulate()`` -> the Accelerator's
+        gradient_accumulation_steps; under any other run-time test -> unknown; on every iteration
+        of a loop -> 1."""
         s = self.s
         for call in s.c.calls:
             func = call.func
-            if not (isinstance(func, ast.Attribute) and func.attr == "step"):
+            if not (isinstance(func, ast.Attribute) and func.attr == "step") or s.live(call) is False:
                 continue
             owner = func.value.id if isinstance(func.value, ast.Name) else ""
             arg = call.args[0].id if call.args and isinstance(call.args[0], ast.Name) else ""
@@ -737,23 +1091,112 @@ class _Analysis:
                 or arg in self.optimizer_vars
             if not is_opt:
                 continue
-            in_loop = False
+            who = owner or arg
+            in_loop, guard, accumulate, child = False, None, None, call
             for anc in s.ancestors(call):
-                if isinstance(anc, ast.If):
-                    mod = next((n for n in ast.walk(anc.test)
-                                if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod)), None)
-                    if mod is not None:
-                        self.add("grad_accum_steps", s.resolve(mod.right, call.lineno), "int", F.R_PATTERN, call,
-                                 f"{owner or arg}.step() runs when `{_short(anc.test)}`")
-                        return
                 if isinstance(anc, (ast.For, ast.While, ast.AsyncFor)):
                     in_loop = True
+                    break
                 if isinstance(anc, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
                     break
+                if isinstance(anc, ast.With) and any(
+                        isinstance(i.context_expr, ast.Call) and dotted(i.context_expr.func).endswith(".accumulate")
+                        for i in anc.items):
+                    accumulate = accumulate or anc
+                if isinstance(anc, ast.If) and child is not anc.test and _truth(s.resolve(anc.test).value) is None:
+                    mod = self._modulo(anc.test, call.lineno)
+                    if mod is not None:
+                        node, line = mod
+                        self.add("grad_accum_steps", s.resolve(node, line), "int", F.R_PATTERN, call,
+                                 f"{who}.step() runs when `{_short(anc.test)}`")
+                        return
+                    guard = guard or anc
+                child = anc
+            if accumulate is not None:
+                self._accumulate_steps(call, who)
+                return
+            if guard is not None:
+                self.out.append(found("grad_accum_steps", Undetermined(
+                    f"{who}.step() runs only when `{_short(guard.test)}`: how many micro-batches it accumulates "
+                    "is decided at run time"), Provenance(file=self.file, line=guard.lineno), F.R_PATTERN))
+                return
             if in_loop:
                 self.infer("grad_accum_steps", 1, F.R_PATTERN, call,
-                           f"{owner or arg}.step() runs on every iteration: no gradient accumulation")
+                           f"{who}.step() runs on every iteration: no gradient accumulation")
                 return
+
+    def _modulo(self, test: ast.AST, line: int) -> tuple[ast.AST, int] | None:
+        """The divisor of a ``% N`` in ``test``, or in the assignment of a name it reads (one level)."""
+        for node in ast.walk(test):
+            if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod):
+                return node.right, line
+        scope = self.s.scope_of(test)
+        for name in (n for n in ast.walk(test) if isinstance(n, ast.Name)):
+            assign = self.s._assignment(name.id, line, scope)
+            if assign is None:
+                continue
+            for node in ast.walk(assign.value):
+                if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod):
+                    return node.right, assign.line
+        return None
+
+    def _accumulate_steps(self, call: ast.Call, who: str) -> None:
+        """The step inside ``with accelerator.accumulate(model)``: the Accelerator's accumulation."""
+        pool = [f for f in self.out if f.field == "_accelerate_ga"]
+        best = max(pool, key=lambda f: (f.rank, -f.seq)) if pool else None
+        why = (f"{who}.step() inside accelerator.accumulate(): accelerate skips it until "
+               "gradient_accumulation_steps micro-batches have run")
+        if best is None:
+            self.out.append(found("grad_accum_steps", Undetermined(why + "; no Accelerator(...) in the file"),
+                                  Provenance(file=self.file, line=call.lineno), F.R_PATTERN))
+            return
+        prov = best.prov.model_copy(update={"detail": f"{why}; {best.prov.detail}"})
+        self.out.append(Found("grad_accum_steps", best.value, prov, F.R_PATTERN, best.seq, best.conv, F.R_PATTERN))
+
+    def _library_attention(self, call: ast.Call, name: str) -> None:
+        """A model loaded without ``attn_implementation``: transformers decides (config resolves the
+        family's default).  A model id left to the command line keeps the attention unknown."""
+        s = self.s
+        if any(s.argument(call, a) is not None for a in ("attn_implementation", "use_flash_attention_2")):
+            return
+        node = s.argument(call, "#0") or s.argument(call, "pretrained_model_name_or_path")
+        res = s.resolve(node, call.lineno) if node is not None else None
+        if res is None or not isinstance(res.value, str) or res.kind == "default":
+            return
+        prov = Provenance(file=self.file, line=call.lineno, kind="default",
+                          detail=f"{name}(...) does not set attn_implementation")
+        self.out.append(found("attention_impl", LibraryChoice(f"{name}(...) does not set attn_implementation",
+                                                              res.value), prov, F.R_ACCELERATE))
+
+    def _trainer_model_attention(self, call: ast.Call, name: str) -> None:
+        """A TRL trainer given a model id loads it itself, without attn_implementation unless
+        ``model_init_kwargs`` sets one (that explicit key outranks this)."""
+        node = self.s.argument(call, "model")
+        res = self.s.resolve(node, call.lineno) if node is not None else None
+        if res is not None and isinstance(res.value, str) and res.kind != "default":
+            why = f"{name}(model={res.value!r}) loads the model itself without attn_implementation"
+            self.out.append(found("attention_impl", LibraryChoice(why, res.value), Provenance(
+                file=self.file, line=call.lineno, kind="default", detail=why), F.R_ACCELERATE))
+
+    def _quantization(self) -> None:
+        """bitsandbytes warnings for the k-bit loads that run: ``load_in_4bit=True`` in a call, or a
+        ``BitsAndBytesConfig(load_in_4bit=True)`` that reaches ``quantization_config=``."""
+        s = self.s
+        for call in s.c.calls:
+            if s.live(call) is False or dotted(call.func).endswith("BitsAndBytesConfig"):
+                continue          # a BitsAndBytesConfig counts where it reaches quantization_config=
+            for kw in call.keywords:
+                target = call
+                if kw.arg == "quantization_config":
+                    target = s.origin(kw.value)
+                    if not (isinstance(target, ast.Call) and dotted(target.func).endswith("BitsAndBytesConfig")):
+                        continue
+                elif kw.arg not in F.BNB_KEYS:
+                    continue
+                for inner in target.keywords:
+                    if inner.arg in F.BNB_KEYS and _truth(s.resolve(inner.value, call.lineno).value):
+                        self.warnings.append(f"{inner.arg} quantizes with bitsandbytes: on ROCm it needs the ROCm "
+                                             "build of bitsandbytes")
 
     def _imports(self) -> None:
         for alias, full in self.s.c.imports.items():
@@ -778,8 +1221,12 @@ def _name_gate(s: _Script, name: str) -> Resolved | None:
     return None
 
 
-def analyse_python(text: str, file: str) -> PythonResult:
+def analyse_python(text: str, file: str, cli: dict[str, Raw] | None = None) -> PythonResult:
     """Statically analyse a Python training script.
+
+    ``cli``: the flags a launch line passes to the script (dest -> Raw in the
+    launch file); they override the script's defaults, and their provenance
+    points at the launch file.
 
     Returns
     -------
@@ -793,5 +1240,5 @@ def analyse_python(text: str, file: str) -> PythonResult:
     SyntaxError, RecursionError, ValueError, MemoryError
         From ``ast.parse``; ``parse_config`` falls back to the regex scanner.
     """
-    script = _Script(text, file)
+    script = _Script(text, file, cli)
     return _Analysis(script).run()

@@ -8,7 +8,9 @@ when they are assigned in the same file.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
+from goblin_assets.audit import fields as F
 from goblin_assets.audit.config_map import Raw
 
 _VALUE = r"(\"[^\"\n]*\"|'[^'\n]*'|[^\s\\\"';|&()]+)"
@@ -44,12 +46,13 @@ def _literal(token: str) -> str:
     return token
 
 
-def scan_text(text: str, file: str, pairs: bool = True) -> dict[str, Raw]:
+def scan_text(text: str, file: str, pairs: bool = True, region: tuple[int, int] | None = None) -> dict[str, Raw]:
     """Flags and key/value pairs of ``text`` as ``key -> Raw`` (last one wins).
 
     Keys are normalised to ``snake_case`` (``--batch-size`` -> ``batch_size``).
     A bare ``--flag`` is ``True`` with the flag itself as its span; other
-    values are strings (the converters coerce them).
+    values are strings (the converters coerce them).  ``region`` (start, end
+    character offsets) keeps only what starts inside it (one command's flags).
     """
     at = _offsets(text)
 
@@ -80,6 +83,56 @@ def scan_text(text: str, file: str, pairs: bool = True) -> dict[str, Raw]:
             continue
         s = span(m.start(2), m.end(2))
         hits.append((m.start(), key, Raw(token, file, s[0], s)))
-    for _, key, raw in sorted(hits, key=lambda h: h[0]):
-        out[key] = raw
+    for start, key, raw in sorted(hits, key=lambda h: h[0]):
+        if region is None or region[0] <= start < region[1]:
+            out[key] = raw
     return out
+
+
+@dataclass
+class Launch:
+    """One launch command: the launcher, the script it runs, and where the flags of each are.
+
+    ``launcher_flags`` and ``script_flags`` are (start, end) character
+    offsets of ``text``: the launcher's own flags come before the script,
+    the script's after it, up to the end of the command (line continuations
+    included).
+    """
+
+    launcher: str
+    script: str
+    launcher_flags: tuple[int, int]
+    script_flags: tuple[int, int]
+
+
+_SCRIPT = re.compile(r"(?<![\w./-])([\w./-]+\.py)\b")
+
+
+def find_launch(text: str) -> Launch | None:
+    """The first command of ``text`` that launches a Python script (fields.LAUNCHERS), or None.
+
+    ``torchrun --nproc_per_node 8 main.py --batch-size 128``: launcher
+    ``torchrun``, script ``main.py``, flags split at the script.  Comment
+    lines are skipped.
+    """
+    launchers = re.compile("|".join(f"(?:{p})" for p in F.LAUNCHERS))
+    for m in launchers.finditer(text):
+        line_start = text.rfind("\n", 0, m.start()) + 1
+        if text[line_start:m.start()].lstrip().startswith("#"):
+            continue
+        end = m.end()
+        while True:                                  # the command ends at a newline not escaped by "\"
+            nl = text.find("\n", end)
+            if nl == -1:
+                end = len(text)
+                break
+            if text[:nl].rstrip(" \t").endswith("\\"):
+                end = nl + 1
+                continue
+            end = nl
+            break
+        script = _SCRIPT.search(text, m.end(), end)
+        if script is None:
+            continue
+        return Launch(m.group(0), script.group(1), (m.end(), script.start()), (script.end(), end))
+    return None

@@ -270,3 +270,75 @@ def flatten_yaml(text: str, file: str, warnings: list[str] | None = None) -> dic
 
     walk(root, "", out, 0)
     return out
+
+
+# --------------------------------------------------------------------------- TOML
+
+_TOML_TABLE = re.compile(r"^\s*\[\s*([^\[\]]+?)\s*\]\s*(?:#.*)?$")
+_TOML_KEY = re.compile(r"^\s*([A-Za-z0-9_.\-\"']+)\s*=\s*")
+
+
+def _toml_value_end(line: str, start: int) -> int:
+    """End of the value that starts at ``start`` (before a trailing comment)."""
+    quote = None
+    for i in range(start, len(line)):
+        c = line[i]
+        if quote:
+            if c == quote and line[i - 1] != "\\":
+                quote = None
+        elif c in "\"'":
+            quote = c
+        elif c == "#":
+            return len(line[:i].rstrip())
+    return len(line.rstrip())
+
+
+def flatten_toml(text: str, file: str) -> dict[str, Raw]:
+    """A TOML file as ``dotted.key -> Raw`` (tables flattened, arrays kept as values).
+
+    Values come from the standard library's ``tomllib``; each one-line
+    ``key = value`` keeps the span of its value text so it can be patched.
+
+    Raises
+    ------
+    ConfigParseError
+        Invalid TOML (with line), or nesting deeper than MAX_DEPTH.
+    """
+    import tomllib
+
+    if bracket_depth(text) > MAX_DEPTH:
+        raise ConfigParseError(file, f"TOML nested deeper than {MAX_DEPTH} levels")
+    try:
+        root = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigParseError(file, f"invalid TOML: {exc}") from None
+    spans: dict[str, tuple[int, int, int, int]] = {}
+    table = ""
+    for n, line in enumerate(text.splitlines(), start=1):
+        m = _TOML_TABLE.match(line)
+        if m:
+            table = ".".join(p.strip().strip("\"'") for p in m.group(1).split(".")) + "."
+            continue
+        m = _TOML_KEY.match(line)
+        if m:
+            key = ".".join(p.strip().strip("\"'") for p in m.group(1).split("."))
+            end = _toml_value_end(line, m.end())
+            if end > m.end():
+                spans[table + key] = (n, m.end(), n, end)
+    out: dict[str, Raw] = {}
+
+    def walk(obj: dict[str, Any], prefix: str, depth: int) -> None:
+        if depth > MAX_DEPTH:
+            raise ConfigParseError(file, f"TOML nested deeper than {MAX_DEPTH} levels")
+        for key, value in obj.items():
+            dotted = prefix + str(key)
+            if isinstance(value, dict):
+                walk(value, dotted + ".", depth + 1)
+                continue
+            if isinstance(value, list) and len(value) > MAX_LIST:
+                value = None
+            span = spans.get(dotted)
+            out[dotted] = Raw(value, file, span[0] if span else None, span)
+
+    walk(root, "", 0)
+    return out

@@ -16,6 +16,11 @@ Conventions
   DeepSpeed companion path ...) used to derive or gate real fields.
 * A default is ``(value, kind, detail)``; ``UNDETERMINED`` as a value means
   the tool's default is not known to us, and ``detail`` says why.
+* Library defaults of the classes files build (``TrainingArguments``, TRL's
+  config family, peft ``LoraConfig``, torch optimizers, oumi, torchtitan,
+  torchtune recipes) are one table, ``CLASS_DEFAULTS``, keyed by class, each
+  set with its library, version and source file; ``TOOL_DEFAULTS`` holds
+  what no class key states (e.g. why an optimizer is undetermined).
 """
 from __future__ import annotations
 
@@ -142,6 +147,22 @@ SYNONYMS: dict[str, list[tuple[str, str, str, int]]] = {
         ("warmup_steps", "training.warmup_steps", "warmup", R_EXPLICIT),
         ("_warmup_ratio", "training.warmup_ratio", "float", R_EXPLICIT),
         ("_max_steps", "training.max_steps", "int", R_EXPLICIT),
+        ("_use_peft", "training.use_peft", "bool", R_EXPLICIT),
+    ],
+    # torchtitan TOML (JobConfig sections; torchtitan v0.2.2 torchtitan/config/job_config.py)
+    "torchtitan": [
+        ("batch_size", "training.local_batch_size", "int", R_EXPLICIT),
+        ("batch_size", "training.batch_size", "int", R_EXPLICIT - 1),       # before local_batch_size existed
+        ("_global_batch", "training.global_batch_size", "global_batch", R_EXPLICIT),
+        ("seq_len", "training.seq_len", "int", R_EXPLICIT),
+        ("precision", "training.dtype", "titan_dtype", R_EXPLICIT + 1),     # bfloat16: everything in bf16
+        ("precision", "training.mixed_precision_param", "dtype", R_EXPLICIT),
+        ("optimizer", "optimizer.name", "titan_optim", R_EXPLICIT),
+        ("lr", "optimizer.lr", "float", R_EXPLICIT),
+        ("warmup_steps", "lr_scheduler.warmup_steps", "int", R_EXPLICIT),
+        ("gradient_checkpointing", "activation_checkpoint.mode", "titan_ac", R_EXPLICIT),
+        ("dataloader_workers", "training.dataloader.num_workers", "workers", R_EXPLICIT),
+        ("_max_steps", "training.steps", "int", R_EXPLICIT),
     ],
     # Companions: their values join the entry file's (DeepSpeed overrides unless "auto").
     "deepspeed": [
@@ -177,12 +198,20 @@ TOOL_BASE: dict[str, str] = {
     "llamafactory": "hf", "oumi": "hf", "shell": "hf",
 }
 
+#: The library class whose defaults a tool's files fall back on (a key of
+#: CLASS_DEFAULTS); a Python script names its own class (``DPOConfig(...)``).
+TOOL_CLASS: dict[str, str] = {
+    "hf": "TrainingArguments", "trl_sft": "SFTConfig", "trl": "trl.BaseConfig",
+    "oumi": "oumi.TrainingConfig", "torchtitan": "torchtitan.JobConfig", "torchtune": "torchtune.recipe",
+}
+
 #: Human names for the tools (source_format, provenance details).
 TOOL_NAMES: dict[str, str] = {
     "hf": "transformers TrainingArguments", "trl_sft": "TRL SFTConfig", "trl": "TRL trainer config",
     "handbook": "alignment-handbook recipe (TRL SFT)", "axolotl": "axolotl", "llamafactory": "LLaMA-Factory",
     "torchtune": "torchtune", "oumi": "oumi", "deepspeed": "DeepSpeed", "accelerate": "accelerate",
     "shell": "launch command line", "trainer_state": "transformers trainer_state.json", "torch": "raw PyTorch loop", "text": "unrecognised text",
+    "torchtitan": "torchtitan", "unknown": "a format Goblin does not know",
 }
 
 #: How a flattened YAML/JSON mapping is recognised: the first tool with any
@@ -196,47 +225,53 @@ TOOL_SIGNATURES: list[tuple[str, tuple[str, ...]]] = [
     ("axolotl", ("micro_batch_size", "sequence_len", "base_model")),
     ("llamafactory", ("finetuning_type", "cutoff_len", "stage", "template", "flash_attn")),
     ("handbook", ("dataset_mixer", "dataset_mixture", "use_flash_attention_2", "use_peft")),
-    ("hf", ("*",)),
+    ("torchtitan", ("training.local_batch_size", "training.seq_len", "parallelism.data_parallel_shard_degree",
+                    "activation_checkpoint.mode", "job.dump_folder")),
 ]
 
-_HF = "transformers TrainingArguments defaults (config_formats.md, 'Library defaults')"
-_TRL = "TRL SFTConfig defaults (config_formats.md, 'Library defaults')"
+#: TrainingArguments keys: a mapping with none of the signatures above is the
+#: Trainer's only when enough of its keys are these (``detect_tool``); else its
+#: format is unknown and no defaults apply (issue 17).  Source: transformers
+#: ``TrainingArguments`` fields (training_args.py).
+HF_ARG_KEYS: frozenset[str] = frozenset((
+    "output_dir", "overwrite_output_dir", "do_train", "do_eval", "do_predict", "eval_strategy",
+    "evaluation_strategy", "per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
+    "eval_accumulation_steps", "learning_rate", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon",
+    "max_grad_norm", "num_train_epochs", "max_steps", "lr_scheduler_type", "lr_scheduler_kwargs", "warmup_ratio",
+    "warmup_steps", "log_level", "logging_dir", "logging_strategy", "logging_steps", "save_strategy", "save_steps",
+    "save_total_limit", "seed", "data_seed", "bf16", "fp16", "tf32", "local_rank", "dataloader_num_workers",
+    "dataloader_pin_memory", "dataloader_drop_last", "eval_steps", "run_name", "remove_unused_columns",
+    "load_best_model_at_end", "metric_for_best_model", "deepspeed", "fsdp", "optim", "group_by_length",
+    "report_to", "ddp_find_unused_parameters", "gradient_checkpointing", "gradient_checkpointing_kwargs",
+    "push_to_hub", "hub_model_id", "torch_compile", "train_sampling_strategy", "model_name_or_path",
+    "max_seq_length", "max_length", "packing", "dataset_text_field", "use_peft", "lora_r", "model_max_length",
+    "cutoff_len", "block_size",
+))
+#: A flattened YAML/JSON with no tool signature is read as TrainingArguments when
+#: at least this many of its top-level keys are TrainingArguments keys, or
+#: this share of them (a short args dump); otherwise its format is unknown.
+HF_MIN_KEYS = 3
+HF_MIN_SHARE = 0.5
 
 #: Defaults per tool: field -> (value, kind, detail).  Inherited via TOOL_BASE.
 TOOL_DEFAULTS: dict[str, dict[str, tuple[object, str, str]]] = {
     "hf": {
-        "batch_size": (8, "default", f"per_device_train_batch_size=8: {_HF}"),
-        "grad_accum_steps": (1, "default", f"gradient_accumulation_steps=1: {_HF}"),
-        "lr": (5e-5, "default", f"learning_rate=5e-5: {_HF}"),
-        "warmup_steps": (0, "default", f"warmup_steps=0, warmup_ratio=0.0: {_HF}"),
-        "precision": ("fp32", "default",
-                      f"fp16=False, bf16=False: {_HF}; an accelerate config / ACCELERATE_MIXED_PRECISION "
-                      "at launch can still turn mixed precision on"),
-        "gradient_checkpointing": (False, "default", f"gradient_checkpointing=False: {_HF}"),
-        "dataloader_workers": (0, "default", f"dataloader_num_workers=0: {_HF}"),
         "optimizer": (UNDETERMINED, "unset",
                       "optim not set: the transformers default depends on the installed torch "
                       "(adamw_torch, or adamw_torch_fused with torch >= 2.8, transformers PR #37358)"),
         "attention_impl": ("unknown", "default",
                            "the files never choose: transformers picks the attention at load time"),
         "lora_rank": (None, "unset", "no LoRA/PEFT rank in the files (full fine-tune or set elsewhere)"),
-        "group_by_length": (False, "default", f"train_sampling_strategy='random' (v5) / group_by_length=False "
-                                              f"(v4): {_HF}"),
+        "group_by_length": (False, "default", "train_sampling_strategy='random' (v5) / group_by_length=False "
+                                              "(v4): transformers TrainingArguments default"),
     },
     "trl_sft": {
-        "lr": (2e-5, "default", f"learning_rate=2e-5: {_TRL}"),
-        "gradient_checkpointing": (True, "default",
-                                   f"gradient_checkpointing=True since TRL v0.22.0 (PR #3510): {_TRL}"),
-        "precision": ("bf16", "default", f"bf16=None -> True unless fp16, since TRL v0.19.0: {_TRL}"),
-        "seq_len": (1024, "default", f"max_length=1024: {_TRL}"),
         "padding": ("dynamic", "default", "TRL SFTTrainer's collator pads each batch to its longest sequence "
                                           "(packing=False, padding_free=False by default)"),
     },
     "trl": {
         "lr": (UNDETERMINED, "unset", "this TRL config class overrides TrainingArguments' learning_rate; "
-                                      "its default is not in our table"),
-        "precision": (UNDETERMINED, "unset", "this TRL config class may override the bf16 default; "
-                                             "not in our table"),
+                                      "its default is not in our table (fields.CLASS_DEFAULTS)"),
     },
     "axolotl": {
         "optimizer": ("adamw_torch_fused", "default", "axolotl optimizer default adamw_torch_fused "
@@ -253,19 +288,17 @@ TOOL_DEFAULTS: dict[str, dict[str, tuple[object, str, str]]] = {
         "attention_impl": ("unknown", "default", "LLaMA-Factory flash_attn=auto leaves transformers' choice alone"),
     },
     "torchtune": {
-        "dataloader_workers": (0, "default", "torchtune recipes build StatefulDataLoader without num_workers: 0"),
-        "attention_impl": ("sdpa", "default", "torchtune models use SDPA (flex attention only when packed: True)"),
-        "gradient_checkpointing": (False, "default", "torchtune recipes read enable_activation_checkpointing, "
-                                                     "False when absent"),
-        "grad_accum_steps": (1, "default", "torchtune recipes: gradient_accumulation_steps 1 when absent"),
         "lora_rank": (None, "unset", "no model.lora_rank: full fine-tune"),
         "padding": ("dynamic", "default", "torchtune's padded collate pads each batch to its longest sequence "
                                           "(dataset.packed not set)"),
     },
-    "oumi": {
-        "gradient_checkpointing": (False, "default", "oumi enable_gradient_checkpointing default False"),
-        "dataloader_workers": (0, "default", "oumi dataloader_num_workers default 0"),
+    "oumi": {},
+    "torchtitan": {
+        "attention_impl": ("sdpa", "default", "torchtitan model args attn_type='sdpa' by default (flex or varlen "
+                                              "only when chosen): torchtitan v0.2.2 models/llama3/model/args.py"),
+        "lora_rank": (None, "unset", "torchtitan pre-trains or fully fine-tunes: no LoRA"),
     },
+    "unknown": {},
     "shell": {},
     "trainer_state": {},
     "handbook": {},
@@ -290,6 +323,123 @@ COMMON_DEFAULTS: dict[str, tuple[object, str, str]] = {
                                        "TrainingArguments train_sampling_strategy / group_by_length)"),
 }
 
+#: One table of library-default sets, keyed by the class actually built (or
+#: the tool's implied class, TOOL_CLASS): ``class -> (library, versions it
+#: holds for, source, base class or None, {key: default})``.  Keys are the
+#: class's own config keys, read through the tool's synonym rows; a key
+#: written ``=field`` is a ConfigDict field stated directly, its value
+#: ``(value, why)``.  A script's config class overrides its tool's set.
+#: Sources: transformers training_args.py; TRL trl/trainer/*_config.py and
+#: base_config.py (read at v0.19.0, v0.22.0, v0.24.0, v1.0.0 and 1.10.0.dev0,
+#: commit f2cd577); TRL experimental orpo/cpo/ppo/online_dpo/bco configs;
+#: peft src/peft/tuners/lora/config.py (0.20.1.dev0); torch.optim docs;
+#: oumi src/oumi/core/configs/params/{training,peft,model}_params.py and
+#: TrainingParams.to_hf (commit d8ed077); torchtitan v0.2.2
+#: torchtitan/config/job_config.py; torchtune recipes (commit bd2a0fc).
+_TRL_VERSIONS = "trl >= 0.22 (bf16 since 0.19, gradient checkpointing since 0.22)"
+CLASS_DEFAULTS: dict[str, tuple[str, str, str, str | None, dict[str, object]]] = {
+    "TrainingArguments": ("transformers", "4.x and 5.x", "transformers TrainingArguments (training_args.py)", None, {
+        "per_device_train_batch_size": 8, "gradient_accumulation_steps": 1, "learning_rate": 5e-5,
+        "warmup_steps": 0, "gradient_checkpointing": False, "dataloader_num_workers": 0,
+        "=precision": ("fp32", "fp16=False, bf16=False; an accelerate config / ACCELERATE_MIXED_PRECISION at "
+                               "launch can still turn mixed precision on"),
+    }),
+    "trl.BaseConfig": ("TRL", _TRL_VERSIONS, "trl/trainer/base_config.py", "TrainingArguments", {
+        "gradient_checkpointing": True,
+        "=precision": ("bf16", "bf16=None becomes True unless fp16 is set"),
+    }),
+    "SFTConfig": ("TRL", _TRL_VERSIONS, "trl/trainer/sft_config.py", "trl.BaseConfig",
+                  {"learning_rate": 2e-5, "max_length": 1024}),
+    "DPOConfig": ("TRL", _TRL_VERSIONS, "trl/trainer/dpo_config.py", "trl.BaseConfig",
+                  {"learning_rate": 1e-6, "max_length": 1024}),
+    "KTOConfig": ("TRL", _TRL_VERSIONS, "trl/trainer/kto_config.py", "trl.BaseConfig",
+                  {"learning_rate": 1e-6, "max_length": 1024}),
+    "ORPOConfig": ("TRL", _TRL_VERSIONS, "trl/experimental/orpo/orpo_config.py (trl.ORPOConfig before 1.0)",
+                   "trl.BaseConfig", {"learning_rate": 1e-6, "max_length": 1024}),
+    "CPOConfig": ("TRL", _TRL_VERSIONS, "trl/experimental/cpo/cpo_config.py (trl.CPOConfig before 1.0)",
+                  "trl.BaseConfig", {"learning_rate": 1e-6, "max_length": 1024}),
+    "BCOConfig": ("TRL", _TRL_VERSIONS, "trl/experimental/bco/bco_config.py", "trl.BaseConfig",
+                  {"learning_rate": 5e-7, "max_length": 1024}),
+    "RewardConfig": ("TRL", "trl >= 0.24 (learning_rate; 5e-5 before)", "trl/trainer/reward_config.py",
+                     "trl.BaseConfig", {"learning_rate": 1e-4, "max_length": 1024}),
+    "GRPOConfig": ("TRL", _TRL_VERSIONS, "trl/trainer/grpo_config.py", "trl.BaseConfig", {
+        "learning_rate": 1e-6,
+        "=seq_len": (UNDETERMINED, "GRPO generates completions of up to max_completion_length (512 by default) "
+                                   "after a prompt that TRL >= 1.0 no longer truncates: no fixed length"),
+    }),
+    "RLOOConfig": ("TRL", _TRL_VERSIONS, "trl/trainer/rloo_config.py", "trl.BaseConfig", {"learning_rate": 1e-6}),
+    "PPOConfig": ("TRL", _TRL_VERSIONS, "trl/experimental/ppo/ppo_config.py", "trl.BaseConfig",
+                  {"learning_rate": 3e-6}),
+    "OnlineDPOConfig": ("TRL", _TRL_VERSIONS, "trl/experimental/online_dpo/online_dpo_config.py", "trl.BaseConfig",
+                        {"learning_rate": 5e-7, "max_length": 512}),
+    "LoraConfig": ("peft", "peft 0.x (read at 0.20.1.dev0)", "src/peft/tuners/lora/config.py", None, {"r": 8}),
+    # torch optimizers: the default lr (torch.optim docs, torch 2.x); Adafactor (transformers) computes its own.
+    "AdamW": ("torch", "torch 2.x", "torch.optim.AdamW", None, {"lr": 1e-3}),
+    "Adam": ("torch", "torch 2.x", "torch.optim.Adam", None, {"lr": 1e-3}),
+    "SGD": ("torch", "torch >= 2.2 (lr was required before)", "torch.optim.SGD", None, {"lr": 1e-3}),
+    "Adagrad": ("torch", "torch 2.x", "torch.optim.Adagrad", None, {"lr": 1e-2}),
+    "RMSprop": ("torch", "torch 2.x", "torch.optim.RMSprop", None, {"lr": 1e-2}),
+    "AdamW8bit": ("bitsandbytes", "bitsandbytes 0.4x", "bnb.optim.AdamW8bit", None, {"lr": 1e-3}),
+    "PagedAdamW": ("bitsandbytes", "bitsandbytes 0.4x", "bnb.optim.PagedAdamW", None, {"lr": 1e-3}),
+    "PagedAdamW32bit": ("bitsandbytes", "bitsandbytes 0.4x", "bnb.optim.PagedAdamW32bit", None, {"lr": 1e-3}),
+    "PagedAdamW8bit": ("bitsandbytes", "bitsandbytes 0.4x", "bnb.optim.PagedAdamW8bit", None, {"lr": 1e-3}),
+    "Lion": ("bitsandbytes", "bitsandbytes 0.4x", "bnb.optim.Lion", None, {"lr": 1e-4}),
+    # oumi builds the Trainer's config from its own TrainingParams and passes every value explicitly
+    # (TrainingParams.to_hf), so its defaults win over TRL's even for trainer_type TRL_*.
+    "oumi.TrainingConfig": ("oumi", "oumi (read at commit d8ed077, 2026-08)",
+                            "oumi core/configs/params/training_params.py, peft_params.py", None, {
+        "training.per_device_train_batch_size": 8, "training.gradient_accumulation_steps": 1,
+        "training.learning_rate": 5e-5, "training.optimizer": "adamw_torch",
+        "training.enable_gradient_checkpointing": False, "training.dataloader_num_workers": 0,
+        "training.warmup_steps": 0, "peft.lora_r": 8,
+        "=precision": ("fp32", "training.mixed_precision_dtype=NONE: no mixed precision "
+                               "(model.torch_dtype_str may still load the weights in 16 bits)"),
+    }),
+    "torchtitan.JobConfig": ("torchtitan", "torchtitan v0.2.x (TOML configs; replaced by Python configs in 2026)",
+                             "torchtitan/config/job_config.py", None, {
+        "training.local_batch_size": 8, "training.seq_len": 2048, "optimizer.name": "AdamW",
+        "optimizer.lr": 8e-4, "lr_scheduler.warmup_steps": 200, "training.mixed_precision_param": "bfloat16",
+        "activation_checkpoint.mode": "selective", "training.dataloader.num_workers": 0,
+        "=grad_accum_steps": (1, "training.global_batch_size=-1: the global batch is local_batch_size x the "
+                                 "data-parallel degree, so there is no accumulation"),
+    }),
+    "torchtune.recipe": ("torchtune", "torchtune recipes (read at commit bd2a0fc)", "torchtune recipes/*.py", None, {
+        "gradient_accumulation_steps": 1, "enable_activation_checkpointing": False,
+        "=dataloader_workers": (0, "the recipes build StatefulDataLoader without num_workers"),
+        "=attention_impl": ("sdpa", "torchtune models use SDPA (flex attention only when dataset.packed: True)"),
+    }),
+}
+
+#: Defaults that apply when a whole block of a tool's file is absent:
+#: tool -> [(block prefix, field, value, why)].  torchtune's full fine-tune
+#: recipes read ``cfg.get("lr_scheduler", None)`` and step no scheduler when it
+#: is missing (recipes/full_finetune_single_device.py): constant lr, no warm-up.
+ABSENT_BLOCK_DEFAULTS: dict[str, list[tuple[str, str, object, str]]] = {
+    "torchtune": [("lr_scheduler", "warmup_steps", 0,
+                   "no lr_scheduler block: torchtune's recipe steps no scheduler, so the lr is constant with no "
+                   "warm-up (torchtune recipes/full_finetune_single_device.py; the LoRA recipes require the block)")],
+}
+
+#: Model families whose transformers implementation uses SDPA when
+#: ``attn_implementation`` is not given, and the transformers version since
+#: which it does (with torch >= 2.1.1): family -> (id substrings, version).
+#: Source: transformers PR #26572 and ``_autoset_attn_implementation`` (4.36,
+#: fixed in PR #27940); the per-model SDPA support notes of each release.
+#: Gemma 2 and later Gemma models are left out: their hub configs ask for eager.
+SDPA_DEFAULT_FAMILIES: dict[str, tuple[tuple[str, ...], str]] = {
+    "Llama": (("llama", "vicuna", "smollm", "alpaca"), "4.36"),
+    "Mistral": (("mistral", "zephyr"), "4.36"),
+    "Mixtral": (("mixtral",), "4.36"),
+    "Falcon": (("falcon",), "4.36"),
+    "Qwen2": (("qwen2", "qwen1.5"), "4.37"),
+    "Qwen3": (("qwen3",), "4.51"),
+    "Gemma": (("gemma-2b", "gemma-7b", "gemma-1.1"), "4.38"),
+    "Phi-3": (("phi-3", "phi3"), "4.40"),
+}
+#: Why transformers' choice is left open when the model is not in the table.
+SDPA_DEFAULT_UNKNOWN = ("transformers picks the attention when the model loads (SDPA for architectures that "
+                        "support it, with transformers >= 4.36 and torch >= 2.1.1; eager otherwise)")
+
 # --------------------------------------------------------------------------- value vocabularies
 
 #: Precision names -> ConfigDict precision ("skip" = the key says nothing).
@@ -298,7 +448,7 @@ DTYPE_NAMES: dict[str, str] = {
     "fp16": "fp16", "float16": "fp16", "half": "fp16", "torch.float16": "fp16", "torch.half": "fp16",
     "16-mixed": "fp16", "16": "fp16",
     "fp32": "fp32", "float32": "fp32", "float": "fp32", "torch.float32": "fp32", "torch.float": "fp32",
-    "32": "fp32", "no": "fp32",
+    "32": "fp32", "no": "fp32", "32-true": "fp32", "16-true": "fp16", "bf16": "bf16",
     "auto": "skip", "none": "skip", "null": "skip", "": "skip",
 }
 
@@ -311,27 +461,23 @@ ATTN_NAMES: dict[str, str] = {
 }
 
 #: LLaMA-Factory ``flash_attn`` (auto|disabled|sdpa|fa2|fa3; bool before Apr 2024).
+#: ``auto`` leaves transformers' own choice (config._resolve_auto_attn below).
 LF_FLASH_ATTN: dict[str, str] = {
-    "auto": "unknown", "disabled": "eager", "sdpa": "sdpa", "fa2": "flash", "fa3": "flash",
+    "auto": "auto", "disabled": "eager", "sdpa": "sdpa", "fa2": "flash", "fa3": "flash",
     "true": "flash", "false": "skip",
 }
 
-#: Optimizer classes -> (Hugging Face `optim` name, torch default lr or None).
-#: Source: docs/sources.md ("Optimizer names"); torch.optim docs
-#: for the default learning rates; transformers OptimizerNames for the names.
-OPTIMIZER_CLASSES: dict[str, tuple[str, float | None]] = {
-    "AdamW": ("adamw_torch", 1e-3),
-    "Adam": ("adam", 1e-3),
-    "SGD": ("sgd", 1e-3),
-    "Adagrad": ("adagrad", 1e-2),
-    "RMSprop": ("rmsprop", 1e-2),
-    "Adafactor": ("adafactor", None),
-    "AdamW8bit": ("adamw_bnb_8bit", 1e-3),
-    "PagedAdamW": ("paged_adamw_32bit", 1e-3),
-    "PagedAdamW32bit": ("paged_adamw_32bit", 1e-3),
-    "PagedAdamW8bit": ("paged_adamw_8bit", 1e-3),
-    "Lion": ("lion_32bit", 1e-4),
+#: Optimizer classes -> Hugging Face `optim` name (their default lr is in
+#: CLASS_DEFAULTS).  Source: docs/sources.md ("Optimizer names");
+#: transformers OptimizerNames for the names.
+OPTIMIZER_CLASSES: dict[str, str] = {
+    "AdamW": "adamw_torch", "Adam": "adam", "SGD": "sgd", "Adagrad": "adagrad", "RMSprop": "rmsprop",
+    "Adafactor": "adafactor", "AdamW8bit": "adamw_bnb_8bit", "PagedAdamW": "paged_adamw_32bit",
+    "PagedAdamW32bit": "paged_adamw_32bit", "PagedAdamW8bit": "paged_adamw_8bit", "Lion": "lion_32bit",
 }
+#: torchtitan ``optimizer.implementation`` -> suffix of the HF name (default
+#: "fused"; torchtitan v0.2.2 job_config.py Optimizer).
+TITAN_IMPLEMENTATION_DEFAULT = "fused"
 #: With ``fused=True`` (torch) the HF name changes.
 FUSED_OPTIMIZERS: dict[str, str] = {"adamw_torch": "adamw_torch_fused"}
 
@@ -349,9 +495,13 @@ TRAINING_ARGS_CLASSES: dict[str, str] = {
     "GRPOConfig": "trl", "RewardConfig": "trl", "PPOConfig": "trl", "RLOOConfig": "trl",
 }
 
-#: Calls whose arguments carry fields: (callee regex, {argument: (field, converter)}, rank).
+#: Calls whose arguments carry fields: (callee regex, {argument: (field, converter[, rank])}, rank).
 #: Positional arguments are written "#0", "#1".  The first matching row wins.
-CALL_FIELDS: list[tuple[str, dict[str, tuple[str, str]], int]] = [
+#: The training sequence length is the trainer's truncation (``max_length``
+#: of the config, then of the tokenizer call), not the tokenizer's
+#: ``model_max_length`` nor the model load's ``max_seq_length`` (issue 17).
+R_LOAD_LIMIT = R_TOKENIZER - 1
+CALL_FIELDS: list[tuple[str, dict[str, tuple], int]] = [
     (r"(^|\.)\w*Tokenizer\w*\.from_pretrained$",
      {"#0": ("model_name", "str_only"), "pretrained_model_name_or_path": ("model_name", "str_only"),
       "model_max_length": ("seq_len", "int")}, R_TOKENIZER),
@@ -360,7 +510,7 @@ CALL_FIELDS: list[tuple[str, dict[str, tuple[str, str]], int]] = [
      {"#0": ("model_name", "str_only"), "pretrained_model_name_or_path": ("model_name", "str_only"),
       "model_name": ("model_name", "str_only"), "attn_implementation": ("attention_impl", "attn"),
       "use_flash_attention_2": ("attention_impl", "flag_flash"),
-      "max_seq_length": ("seq_len", "int")}, R_CALL),
+      "max_seq_length": ("seq_len", "int", R_LOAD_LIMIT)}, R_CALL),
     (r"(^|\.)LoraConfig$", {"r": ("lora_rank", "int")}, R_CALL),
     (r"(^|\.)get_peft_model$",
      {"r": ("lora_rank", "int"), "use_gradient_checkpointing": ("gradient_checkpointing", "checkpointing")}, R_CALL),
@@ -369,19 +519,32 @@ CALL_FIELDS: list[tuple[str, dict[str, tuple[str, str]], int]] = [
     (r"(^|\.)get_\w*schedule\w*_with_warmup$",
      {"num_warmup_steps": ("warmup_steps", "int"), "#1": ("warmup_steps", "int")}, R_CALL),
     (r"(^|\.)get_scheduler$", {"num_warmup_steps": ("warmup_steps", "int"), "#2": ("warmup_steps", "int")}, R_CALL),
-    (r"(^|\.)(\w+Trainer|Trainer)$", {"model": ("model_name", "str_only")}, R_CALL),
+    (r"(^|\.)(\w+Trainer|Trainer)$", {"model": ("model_name", "str_only"),
+                                      # Lightning Trainer (an HF Trainer has neither keyword)
+                                      "precision": ("precision", "dtype", R_EXPLICIT),
+                                      "accumulate_grad_batches": ("grad_accum_steps", "int", R_EXPLICIT)}, R_CALL),
+    # Lightning Fabric and accelerate decide the precision when the run starts (issue 17)
+    (r"(^|\.)Fabric$", {"precision": ("precision", "dtype")}, R_EXPLICIT),
+    (r"(^|\.)Accelerator$", {"mixed_precision": ("precision", "dtype"),
+                             "gradient_accumulation_steps": ("_accelerate_ga", "int")}, R_EXPLICIT),
     (r"(^|\.)autocast$", {"dtype": ("precision", "dtype"), "#1": ("precision", "dtype")}, R_PATTERN),
-    (r"<tokenizer>", {"max_length": ("seq_len", "int"), "padding": ("padding", "tokenizer_padding")}, R_TOKENIZER),
+    (r"<tokenizer>", {"max_length": ("seq_len", "int", R_TOKENIZER + 1),
+                      "padding": ("padding", "tokenizer_padding")}, R_TOKENIZER),
 ]
 
 #: Dtype keywords of from_pretrained: the model's load dtype (weaker than trainer flags).
 LOAD_DTYPE_ARGS: tuple[str, ...] = ("torch_dtype", "dtype")
 
 #: Defaults of calls that omit an argument: callee regex -> {field: (value, detail)}.
-#: Source: torch.utils.data.DataLoader docs (batch_size=1, num_workers=0).
+#: Sources: torch.utils.data.DataLoader docs (batch_size=1, num_workers=0);
+#: peft LoraConfig (CLASS_DEFAULTS); accelerate Accelerator
+#: (gradient_accumulation_steps=1, accelerator.py).
 CALL_DEFAULTS: list[tuple[str, dict[str, tuple[object, str]]]] = [
     (r"(^|\.)DataLoader$", {"batch_size": (1, "torch DataLoader default batch_size=1"),
                             "dataloader_workers": (0, "torch DataLoader default num_workers=0")}),
+    (r"(^|\.)LoraConfig$", {"lora_rank": (CLASS_DEFAULTS["LoraConfig"][4]["r"],
+                                          "peft LoraConfig default r=8 (peft 0.x, src/peft/tuners/lora/config.py)")}),
+    (r"(^|\.)Accelerator$", {"_accelerate_ga": (1, "accelerate Accelerator default gradient_accumulation_steps=1")}),
 ]
 
 #: Calls that turn gradient checkpointing on (config_formats.md hazard 5: peft's
@@ -432,7 +595,18 @@ RUNTIME_TRUE: dict[str, str] = {
                          "(target MI300X); runtime-dependent elsewhere",
     "is_torch_bf16_gpu_available": "is_torch_bf16_gpu_available() is True on MI300X (ROCm); runtime-dependent",
     "is_available": "assumes a GPU is present (target MI300X); runtime-dependent",
+    "is_bfloat16_supported": "unsloth is_bfloat16_supported() asks torch.cuda.is_bf16_supported(): True on ROCm "
+                             "(target MI300X)",
 }
+
+#: Calls that make a function the command-line entry point: its parameter
+#: defaults are the run's settings unless a flag overrides them (fire.Fire,
+#: typer.run, jsonargparse/LitGPT CLI).  Functions decorated with
+#: ``*.command`` (click, typer apps) count too.
+ENTRY_CALLS: tuple[str, ...] = ("Fire", "run", "CLI", "auto_cli")
+#: Calls that run a function with the launcher's handle first: Lightning
+#: ``fabric.launch(main, a, b)`` calls ``main(fabric, a, b)``.
+FUNCTION_LAUNCHERS: tuple[str, ...] = ("launch",)
 
 #: Argparse dests and module-level variables that name a field (lower case),
 #: in priority order.  Only the DataLoader's workers count, not preprocessing
@@ -442,14 +616,14 @@ PY_NAMES: dict[str, tuple[str, ...]] = {
                    "pretrained_model_name_or_path"),
     "batch_size": ("per_device_train_batch_size", "micro_batch_size", "batch_size", "train_batch_size", "bs"),
     "grad_accum_steps": ("gradient_accumulation_steps", "grad_accum_steps", "grad_accum", "accum_steps",
-                         "accumulation_steps", "accum"),
+                         "accumulation_steps", "accum", "accumulate_grad_batches"),
     "seq_len": ("max_seq_length", "max_seq_len", "seq_len", "seq_length", "max_length", "block_size",
                 "cutoff_len", "context_length", "model_max_length", "sequence_len"),
     "precision": ("dtype", "precision", "mixed_precision"),
     "lora_rank": ("lora_r", "lora_rank"),
     "dataloader_workers": ("dataloader_num_workers", "num_workers", "workers", "n_workers"),
     "lr": ("learning_rate", "lr", "max_lr"),
-    "warmup_steps": ("warmup_steps", "num_warmup_steps", "warmup_iters", "warmup"),
+    "warmup_steps": ("warmup_steps", "num_warmup_steps", "warmup_iters", "warmup", "lr_warmup_steps"),
     "gradient_checkpointing": ("gradient_checkpointing",),
 }
 #: Converter applied to a PY_NAMES value, per field.
@@ -510,11 +684,18 @@ LORA_GATES: dict[str, tuple[str, tuple[object, ...], object]] = {
     "llamafactory": ("_finetuning_type", ("lora",), "lora"),
     "axolotl": ("_adapter", ("lora", "qlora"), None),
     "handbook": ("_use_peft", (True,), False),
+    "oumi": ("_use_peft", (True,), False),
 }
 
 #: Tools whose gradient accumulation defaults to global // micro batch when
 #: unset (axolotl: `gradient_accumulation_steps or batch_size // micro_batch_size`).
 GA_FROM_GLOBAL_BATCH: tuple[str, ...] = ("axolotl",)
+#: Tools (and companions) whose global batch also counts the GPUs:
+#: accumulation = global // (micro batch x data-parallel GPUs).  DeepSpeed:
+#: train_batch_size = micro x accumulation x world size (DeepSpeed config
+#: docs, "Batch Size Related Parameters"); torchtitan: global_batch_size over
+#: local_batch_size x data-parallel degree (job_config.py Training).
+GA_PER_GPU_GLOBAL_BATCH: tuple[str, ...] = ("deepspeed", "torchtitan")
 
 #: Tools that an accelerate config beside the entry file can affect (HF
 #: Trainer reads ACCELERATE_MIXED_PRECISION; config_formats.md hazard 4).
@@ -522,9 +703,26 @@ ACCELERATE_TOOLS: tuple[str, ...] = ("hf", "trl_sft", "trl", "handbook", "shell"
 
 #: File suffix -> format; other suffixes are sniffed from the content.
 FORMATS_BY_SUFFIX: dict[str, str] = {
-    ".py": "python", ".json": "json", ".yaml": "yaml", ".yml": "yaml",
+    ".py": "python", ".json": "json", ".yaml": "yaml", ".yml": "yaml", ".toml": "toml",
     ".sh": "shell", ".bash": "shell", ".zsh": "shell", ".slurm": "shell", ".sbatch": "shell",
 }
+#: Confidence of a format told by the file's suffix, and of one sniffed from
+#: the content (``config.detect_format``); a tool found by its keys keeps it,
+#: a format or tool that is not recognised has 0.
+FORMAT_CONFIDENCE = {"suffix": 0.95, "content": 0.7, "fallback_hf": 0.6, "unknown": 0.0}
+
+#: Launch commands: regex of the command up to the script it runs.  The flags
+#: before the script belong to the launcher, those after it to the script.
+LAUNCHERS: tuple[str, ...] = (
+    r"\btorchrun\b", r"\bpython3?\s+-m\s+torch\.distributed\.(?:run|launch)\b", r"\bdeepspeed\b",
+    r"\baccelerate\s+launch\b", r"\bpython3?\b", r"\bsrun\s+python3?\b",
+)
+#: Launcher flags that take no value (everything else of the form --flag takes one).
+LAUNCHER_BARE_FLAGS: tuple[str, ...] = ("--standalone", "--use_env", "--use-env", "--no_python", "--multi_gpu",
+                                        "--use_deepspeed", "--use_fsdp", "-u", "--no-python", "--module", "-m")
+#: Launcher flags that say how many GPU processes run (for accumulation from a global batch).
+LAUNCHER_GPU_FLAGS: tuple[str, ...] = ("nproc_per_node", "nproc-per-node", "num_gpus", "num-gpus",
+                                       "num_processes", "num-processes")
 
 #: ConfigDict fields whose values are booleans (elsewhere a bool is not a valid value).
 BOOL_FIELDS: tuple[str, ...] = ("gradient_checkpointing", "group_by_length")

@@ -75,7 +75,15 @@ Signatures = Callable[[str], "list[str] | None"]
 def _write(config: ConfigDict, path: Path, changes: dict[str, Any], companions: list[CompanionEdit],
            packages: dict[str, str | None], keywords: list[KeywordEdit] = (),
            signatures: Signatures | None = None) -> tuple[str, str]:
-    """(original, patched) text of ``path`` with ``changes``, their ``companions`` and ``keywords`` written."""
+    """(original, patched) text of ``path`` with ``changes``, their ``companions`` and ``keywords`` written.
+
+    Raises PatchError for a file whose format the parser does not know
+    (``source_format`` ``<syntax>:unknown``): no key of it is known to mean
+    anything, so nothing is written into it (issue 17).
+    """
+    if config.source_format.rsplit(":", 1)[-1] == "unknown":
+        raise PatchError(f"{path.name}: Goblin does not know this file's format ({config.source_format}); "
+                         "it writes no patch into a format it cannot read back")
     doc = Document.open(path, packages)
     writer = WRITERS[doc.kind](doc)
     for fld, value in changes.items():

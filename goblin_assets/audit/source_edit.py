@@ -35,13 +35,13 @@ from goblin_assets.audit.changeset import CompanionEdit
 from goblin_assets.audit.config_map import INEXPRESSIBLE, Found, detect_tool, map_entries, render_value, tool_defaults
 from goblin_assets.audit.config_python import analyse_python
 from goblin_assets.audit.config_shell import scan_text
-from goblin_assets.audit.config_tree import flatten_json, flatten_yaml
+from goblin_assets.audit.config_tree import flatten_json, flatten_toml, flatten_yaml
 from goblin_assets.contracts import KeywordEdit
 from goblin_assets.audit.kb import version_at_least
 from goblin_assets.errors import ConfigParseError, PatchError
 
 #: File suffix -> format; anything else is "text" (shell scripts, launch lines).
-FORMATS = {".py": "python", ".json": "json", ".yaml": "yaml", ".yml": "yaml"}
+FORMATS = {".py": "python", ".json": "json", ".yaml": "yaml", ".yml": "yaml", ".toml": "toml"}
 
 
 # --------------------------------------------------------------------------- text positions
@@ -135,8 +135,8 @@ def read_source(text: str, name: str, fmt: str) -> Reading:
                 return Reading(fmt, res.tool, res.found, tree)
             raws = scan_text(text, name)
             return Reading(fmt, "shell", map_entries("shell", raws).found)
-        if fmt in ("json", "yaml"):
-            raws = flatten_json(text, name) if fmt == "json" else flatten_yaml(text, name)
+        if fmt in ("json", "yaml", "toml"):
+            raws = {"json": flatten_json, "yaml": flatten_yaml, "toml": flatten_toml}[fmt](text, name)
             tool = detect_tool(raws)
             return Reading(fmt, tool, map_entries(tool, raws).found)
     except ConfigParseError as exc:
@@ -168,7 +168,7 @@ def render_literal(value: Any, fmt: str, original: str = "") -> str:
             q = "'" if original.startswith("'") else '"'
             return q + value.replace("\\", "\\\\").replace(q, "\\" + q) + q
         return repr(value)
-    if fmt == "json":
+    if fmt in ("json", "toml"):           # TOML strings, numbers and booleans are written as in JSON
         return json.dumps(value)
     if fmt == "yaml":
         if isinstance(value, str):
@@ -337,7 +337,7 @@ def _original_value(text: str, fmt: str) -> Any:
     try:
         if fmt == "python":
             return ast.literal_eval(src)
-        if fmt in ("json", "yaml"):
+        if fmt in ("json", "yaml", "toml"):
             return yaml.safe_load(src) if src else None
     except (ValueError, SyntaxError, yaml.YAMLError):
         pass
