@@ -15,15 +15,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.markdown import Markdown
 from rich.panel import Panel
 from rich.text import Text
 
-from goblin_assets.agent.events import AgentEvent, FinalReport, Thought, ToolCall, ToolResult
 from goblin_assets.cli_common import add_settings_options, console, open_session, out
 
+if TYPE_CHECKING:  # the agent (its stages, pandas) is imported when a chat runs, not for every command
+    from goblin_assets.agent.events import AgentEvent
 
 
 def _gist(content: str, width: int = 160) -> str:
@@ -33,6 +35,8 @@ def _gist(content: str, width: int = 160) -> str:
 
 def show_event(ev: AgentEvent, con: Console = out) -> None:
     """Print one event for a person: thoughts dim, calls and results one line each, the final report as markdown."""
+    from goblin_assets.agent.events import FinalReport, Thought, ToolCall, ToolResult
+
     if isinstance(ev, Thought):
         con.print(Text(ev.text, style="italic"))
     elif isinstance(ev, ToolCall):
@@ -53,6 +57,7 @@ def show_event(ev: AgentEvent, con: Console = out) -> None:
 def cmd_chat(args: argparse.Namespace) -> int:
     """``goblin chat``: run the agent over a workload; 0 on a final report, 2 when the model failed."""
     from goblin_assets.agent import run_agent
+    from goblin_assets.agent.events import FinalReport
     from goblin_assets.agent.factory import make_backend
 
     backend = make_backend(args.base_url, args.model)
