@@ -24,7 +24,8 @@ def run(shares: dict[str, float], *, step_s: float = 0.1, hip: str | None = None
         torch: str = "2.13.0+cpu", **fields) -> RunMetrics:
     """A RunMetrics whose waste budget has the given shares of a ``step_s`` step."""
     budget = {b: WasteBucket(seconds=s * step_s, status="measured") for b, s in shares.items()}
-    device = "cpu" if not (hip or cuda) else "cuda:0"
+    # rules declare devices (issue 16): a ROCm run here is an MI300X, a CUDA run an A100
+    device = fields.pop("device", "AMD Instinct MI300X" if hip else ("NVIDIA A100-SXM4-80GB" if cuda else "cpu"))
     prov = RunProvenance(kind="modelled", device=device, torch_version=torch, hip_version=hip, cuda_version=cuda,
                          cpu_count=fields.pop("cpu_count", 2))
     return RunMetrics(steps=10, step_time_s=step_s, waste_budget=budget, provenance=prov, **fields)

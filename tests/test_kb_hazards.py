@@ -141,3 +141,18 @@ def test_a_lever_pulled_back_elsewhere_in_the_script_is_not_edited(tmp_path):
                       cores=2, source=script)
     assert p.applied == [] and p.diff == ""
     assert "gradient_checkpointing_enable(...) at line 2 sets gradient_checkpointing back to True" in p.dropped[0]
+
+
+def test_a_hazard_whose_fix_is_only_a_keyword_is_written(tmp_path):
+    """LoRA + reentrant checkpointing: the fix is gradient_checkpointing_kwargs={"use_reentrant": False} in the
+    user's TrainingArguments, under the installed signature; shown in the report's changes."""
+    script = tmp_path / "train.py"
+    script.write_text("from transformers import TrainingArguments\n"
+                      "args = TrainingArguments(output_dir='o', gradient_checkpointing=True)\n")
+    kb = load_kb()
+    rule = kb.by_id["correctness.checkpoint_inputs_without_grad"]
+    p = propose_patch(parse_config(script), kb, [RuleMatch(rule_id=rule.id, fired=True, detect_score=1)], _run(),
+                      cores=2, source=script, signatures=lambda d: ["output_dir", "gradient_checkpointing_kwargs"])
+    assert [a.rule_id for a in p.applied] == [rule.id]
+    assert "gradient_checkpointing_kwargs={'use_reentrant': False}" in p.diff
+    assert p.applied[0].changes == {"keyword.gradient_checkpointing_kwargs": {"to": {"use_reentrant": False}}}

@@ -82,7 +82,7 @@ class RuleDecision(BaseModel):
         """Config field -> new value this rule writes (empty unless applied; env excluded)."""
         if self.applied is None:
             return {}
-        return {f: c["to"] for f, c in self.applied.changes.items() if not f.startswith("env.")}
+        return {f: c["to"] for f, c in self.applied.changes.items() if not f.startswith(("env.", "keyword."))}
 
 
 class CompanionEdit(BaseModel):
@@ -312,7 +312,7 @@ def _decide(cs: ChangeSet, rule: Rule) -> RuleDecision:
         return drop("conflict", f"conflicts with {winner} on {what} ({mine!r} vs {theirs!r}); {beaten(winner)}",
                     winner=winner, on=what)
     proposal = {f: v for f, v in proposal.items() if values.get(f) != v}
-    if not proposal and not rule.fix.env and not rule.fix.unset_env:
+    if not proposal and not rule.fix.env and not rule.fix.unset_env and not rule.fix.keywords:
         return drop("satisfied", "the config already has the values this rule sets")
     changes.update(proposal)
     cs.owner.update({f: rule.id for f in proposal})
@@ -324,7 +324,8 @@ def _decide(cs: ChangeSet, rule: Rule) -> RuleDecision:
         citation=rule.citation, rationale=rule.expected_impact.strip(), predicted_recovery=up,
         changes={**{f: {"from": values.get(f), "to": v} for f, v in proposal.items()},
                  **{f"env.{k}": {"to": v} for k, v in rule.fix.env.items()},
-                 **{f"env.{k}": {"to": None} for k in rule.fix.unset_env}},
+                 **{f"env.{k}": {"to": None} for k in rule.fix.unset_env},
+                 **{f"keyword.{k.names[0]}": {"to": k.value} for k in rule.fix.keywords}},
     ))
 
 

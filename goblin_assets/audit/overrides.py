@@ -39,6 +39,9 @@ OVERRIDES: tuple[Override, ...] = (
     Override("gradient_checkpointing", r"(^|\.)gradient_checkpointing_disable$", False),
     Override("gradient_checkpointing", r"(^|\.)prepare_model_for_kbit_training$", True,
              keyword="use_gradient_checkpointing", unless=False),
+    # peft's name for the same helper before 0.4 (same use_gradient_checkpointing=True default)
+    Override("gradient_checkpointing", r"(^|\.)prepare_model_for_int8_training$", True,
+             keyword="use_gradient_checkpointing", unless=False),
 )
 
 

@@ -162,7 +162,7 @@ def _writable(config: ConfigDict, cs: ChangeSet, src: Path, packages: dict[str, 
     while True:
         decisions = cs.outcomes("applied")
         for i in range(done, len(decisions)):
-            if not decisions[i].fields:
+            if not decisions[i].fields and not cs.keyword_edits(decisions[i:i + 1]):
                 continue        # env only: nothing to write into the file
             changes: dict[str, Any] = {}
             for d in decisions[:i + 1]:
@@ -223,7 +223,7 @@ def write_changes(config: ConfigDict, change_set: ChangeSet, source: Path | None
     src = Path(source or config.source_file)
     packages = installed_packages() if packages is None else packages
     cs = _writable(config, change_set, src, packages, signatures)
-    if cs.changes:
+    if cs.changes or cs.keyword_edits():
         original, patched = _write(config, src, cs.changes, cs.companions, packages, cs.keyword_edits(), signatures)
     else:
         original = patched = src.read_text(encoding="utf-8")

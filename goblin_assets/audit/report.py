@@ -453,9 +453,12 @@ def hazard_notes(kb, matches) -> list[HazardNote]:
 
 
 def _no_rule_text(applied: list, dropped: list[str]) -> str:
-    if dropped:
-        return (f"No rule was applied: {len(dropped)} fired and could not be applied (see \"Not applied\"); "
+    unapplied = [d for d in dropped if "already has the values" not in d]
+    if unapplied:
+        return (f"No rule was applied: {len(unapplied)} fired and could not be applied (see \"Not applied\"); "
                 "the file is unchanged.")
+    if dropped:
+        return "No change needed: the rules that fired find the config already as they would set it."
     return "No tuning rule fired: nothing to patch."
 
 
