@@ -10,8 +10,11 @@ stay the installed ones: the lock file decides them, not the machine.
 """
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -26,6 +29,11 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 TEST_HOST = {"cores": 2, "online_cpus": 2, "affinity_cpus": 2, "numa_nodes": 1, "amx_bf16": False,
              "avx512_bf16": False, "devices": []}
 os.environ["GOBLIN_HOST_FACTS"] = json.dumps(TEST_HOST)
+#: Where goblin writes (warehouse, runs, caches) when a test sets nothing else: a private folder for
+#: the session, never the checkout's ``.goblin`` (set before anything captures ``$GOBLIN_HOME``).
+SESSION_HOME = Path(tempfile.mkdtemp(prefix="goblin_test_home_"))
+os.environ["GOBLIN_HOME"] = str(SESSION_HOME)
+atexit.register(shutil.rmtree, SESSION_HOME, ignore_errors=True)
 #: The benchmark's time budget for adding repeat pairs (seconds): short, so the suite stays lean.
 TEST_BENCH_BUDGET_S = 10.0
 os.environ["GOBLIN_RUNNER_BENCH_BUDGET_S"] = str(TEST_BENCH_BUDGET_S)
@@ -78,3 +86,19 @@ def one_intra_op_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+def _checkout_state() -> dict[str, float]:
+    """Every file under the checkout's ``.goblin`` with its modification time (empty when there is none)."""
+    root = REPO / ".goblin"
+    return {str(p): p.stat().st_mtime for p in root.rglob("*") if p.is_file()} if root.is_dir() else {}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def checkout_home_untouched():
+    """The suite never writes into the checkout's ``.goblin`` (the user's warehouse, runs and caches)."""
+    before = _checkout_state()
+    yield
+    after = _checkout_state()
+    changed = sorted(p for p, t in after.items() if before.get(p) != t)
+    assert not changed, "tests wrote into the checkout's .goblin: " + ", ".join(changed[:5])

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from tests.conftest import WORKLOADS
+from tests.conftest import WORKLOADS, dagster_resources
 from tests.test_redact import SECRETS
 
 
@@ -39,7 +39,7 @@ def test_dagster_metadata_and_logs_are_redacted(tmp_path, monkeypatch):
     instance = dg.DagsterInstance.ephemeral()
     instance.add_dynamic_partitions("workloads", ["seeded"])
     res = dg.materialize([*defs.assets], selection=["workload_source", "training_config"], partition_key="seeded",
-                         instance=instance, resources=defs.resources)
+                         instance=instance, resources=dagster_resources(tmp_path / "home" / "warehouse.duckdb"))
     assert res.success
     texts = []
     for ev in res.all_events:
