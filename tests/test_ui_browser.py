@@ -4,8 +4,8 @@ Starts ``dagster dev`` on the project's workspace (runs kept small through the
 ``GOBLIN_RUNNER_*`` variables), opens the asset lineage, materializes the
 ``digits_mlp`` partition of the audit through the UI, waits for the run to
 succeed, opens the waste budget's asset checks and the audit report's
-metadata, and saves screenshots (to ``$GOBLIN_SCREENSHOTS``, default
-``.goblin/screenshots``).
+metadata, and saves screenshots (to ``$GOBLIN_SCREENSHOTS``, default ``screenshots/`` under
+the suite's own ``GOBLIN_HOME``, never the checkout's ``.goblin``).
 
 Skipped only when ``GOBLIN_SKIP_BROWSER=1``; CI runs it (``make test`` installs
 Chromium from Debian's packages).
@@ -106,7 +106,7 @@ def dagster_ui(tmp_path, monkeypatch):
 
 
 def _shots_dir() -> Path:
-    d = Path(os.environ.get("GOBLIN_SCREENSHOTS", REPO / ".goblin" / "screenshots"))
+    d = Path(os.environ.get("GOBLIN_SCREENSHOTS") or Path(os.environ["GOBLIN_HOME"]) / "screenshots")
     d.mkdir(parents=True, exist_ok=True)
     return d
 
