@@ -1,10 +1,12 @@
 """The ``goblin`` command: the audit session's stages (the same as the asset graph's), without Dagster.
 
+    goblin audit --trace TRACE [CONFIG] [--json] [--html OUT]
     goblin audit PATH [--steps N] [--bench-steps N] [--repeats N] [--timeout S] [--json] [--html OUT]
     goblin profile PATH [--steps N] [--runner local|rocprof|replay] [--json]
     goblin parse FILE [--json]
     goblin chat PATH [--question TEXT] [--base-url URL] [--model NAME] [--json]
     goblin sql "SELECT ..." [--json]
+    goblin trace PATH [PATH_B] [--json] [--html OUT]
 
 Errors are printed as one clear line naming the file and the problem (exit
 code 2); no traceback from deep inside.
@@ -43,15 +45,30 @@ def cmd_audit(args) -> int:
     from goblin_assets.audit.report import speedup_text
     from goblin_assets.warehouse.db import write
 
-    s = open_session(args).run_all()
-    counts = write(s.frames())
+    frames, trace_note = {}, ""
+    if args.trace:
+        from goblin_assets.trace.analysis import trace_frames
+        from goblin_assets.trace.workload import trace_workload
+
+        wl, trep = trace_workload(args.trace, args.path)
+        s = open_session(args, workload=wl).run_all()
+        frames = trace_frames(trep, audit_id=s.audit_id, with_run=False)
+        trace_note = f"audited from the recorded trace {trep.path}: nothing was run"
+    elif args.path is None:
+        raise GoblinError("goblin audit needs a workload PATH, or --trace TRACE")
+    else:
+        s = open_session(args).run_all()
+    counts = write({**s.frames(), **frames})
     console.print(f"[dim]warehouse: {sum(counts.values())} rows in {len(counts)} tables[/dim]")
     html_path = s.write_html(args.html) if args.html else None
     if html_path:
         console.print(f"[dim]HTML report: {html_path}[/dim]")
     if args.json:
-        _print_json({**s.to_json(), **({"html_path": str(html_path)} if html_path else {})})
+        _print_json({**s.to_json(), **({"html_path": str(html_path)} if html_path else {}),
+                     **({"trace": trace_note} if trace_note else {})})
         return 0
+    if trace_note:
+        out.print(trace_note, highlight=False)
     r, wl = s.audit_report(), s.workload
     if s.replay:
         m = s.profile_run()
@@ -133,8 +150,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
 
     a = sub.add_parser("audit", help="audit a workload end to end and write the report")
-    a.add_argument("path", help="workload folder (with workload.yaml), a replay folder (cached_metrics.json) "
-                                "or a training script")
+    a.add_argument("path", nargs="?", help="workload folder (with workload.yaml), a replay folder "
+                                           "(cached_metrics.json) or a training script; with --trace, the run's "
+                                           "config file (default: the config beside the trace)")
+    a.add_argument("--trace", metavar="TRACE", default=None,
+                   help="audit a run recorded elsewhere from its trace (Kineto .json/.json.gz or rocprofv3 "
+                        "JSON/CSV): nothing is executed")
     add_settings_options(a)
     a.add_argument("--json", action="store_true")
     a.add_argument("--html", metavar="OUT.html", help="also write the self-contained HTML report to this file")
@@ -158,10 +179,12 @@ def build_parser() -> argparse.ArgumentParser:
     from goblin_assets.cli_kb import add_kb_parser
     from goblin_assets.cli_opscope import add_opscope_parser
     from goblin_assets.cli_opscope_mine import add_mining_parsers
+    from goblin_assets.cli_trace import add_trace_parser
 
     add_kb_parser(sub)
     add_chat_parser(sub)
     add_mining_parsers(add_opscope_parser(sub))
+    add_trace_parser(sub)
 
     s = sub.add_parser("sql", help="run a SQL query on the warehouse")
     s.add_argument("query")

@@ -69,8 +69,9 @@ def audit_history():
         return None
 
 
-def open_session(args, with_kb: bool = True, **kw):
-    """The audit session of ``args.path`` with the command's settings and progress on stderr.
+def open_session(args, with_kb: bool = True, workload=None, **kw):
+    """The audit session of ``args.path`` (or of ``workload`` when given) with the command's settings and
+    progress on stderr.
 
     ``with_kb``: load the rules, the warehouse's cached rule embeddings and its audit history (the rules'
     measured record) up front (an audit needs all three).
@@ -79,7 +80,7 @@ def open_session(args, with_kb: bool = True, **kw):
     from goblin_assets.audit.session import AuditSession
     from goblin_assets.runners.workload import load_workload
 
-    wl = load_workload(args.path)
+    wl = workload or load_workload(args.path)
     kb = load_kb(getattr(args, "kb", None)) if with_kb else None
     return AuditSession.open(wl, settings=settings_from_args(args), kb=kb,
                              cached_embeddings=cached_embeddings(kb) if kb else None,

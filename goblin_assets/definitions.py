@@ -11,6 +11,7 @@ from goblin_assets.defs.mining import MINING_ASSETS
 from goblin_assets.defs.opscope import OPSCOPE_ASSETS
 from goblin_assets.defs.partitions import workload_folders_sensor
 from goblin_assets.defs.sql import SQL_ASSETS
+from goblin_assets.defs.trace import TRACE_ASSETS, trace_files_sensor
 from goblin_assets.defs.resources import runner_from_env, warehouse_resource
 
 #: Modules the forkserver imports once per run, so that each forked step process starts with them.
@@ -45,9 +46,9 @@ EXECUTOR = dg.multiprocess_executor.configured(
     {"start_method": {"forkserver": {"preload_modules": FORKSERVER_PRELOAD}}})
 
 defs = dg.Definitions(
-    assets=[*AUDIT_ASSETS, *AGENT_ASSETS, *OPSCOPE_ASSETS, *MINING_ASSETS, *SQL_ASSETS],
+    assets=[*AUDIT_ASSETS, *AGENT_ASSETS, *OPSCOPE_ASSETS, *MINING_ASSETS, *SQL_ASSETS, *TRACE_ASSETS],
     asset_checks=AUDIT_CHECKS,
-    sensors=[workload_folders_sensor, automation_sensor],
+    sensors=[workload_folders_sensor, automation_sensor, trace_files_sensor],
     schedules=[observe_rocm_image_daily],
     jobs=[observe_rocm_image_job],
     resources={"runner": runner_from_env(), "warehouse": warehouse_resource()},

@@ -32,10 +32,11 @@ pytestmark = pytest.mark.slow
 SETTINGS = AuditSettings(bench_budget_s=40, profiled_steps=3, bench_steps=8, bench_repeats=3,
                          sketch_steps=2, timeout_s=300)
 
-#: AuditReport fields that come from a profiled run (measured anew by each audit) or the clock.
+#: AuditReport fields that come from a profiled or sketched run (measured anew by each audit) or the clock.
 PROFILED = ("buckets", "metrics", "before_step_time_s", "after_step_time_s", "predicted_low", "predicted_high",
             "confidence", "evidence_coverage", "rule_consistency", "consistency_notes", "warnings", "provenance",
-            "created_at", "cache_hits", "profiled_speedup", "reconciliation", "calibration", "signals")
+            "created_at", "cache_hits", "profiled_speedup", "reconciliation", "calibration", "signals",
+            "tensor_markdown", "tensor_html")
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,10 @@ rule to fire.  Each condition is ``PATH OP VALUE``:
   ``packages.<dist>`` (installed version of a Python distribution, null when
   absent; all three from the one host-facts object, :mod:`goblin_assets.host`)
   and ``patterns.<site>.<finding>`` (the highest score of a mined tensor
-  finding at a site, or at ``any`` site: :class:`PatternScores`).
+  finding at a site, or at ``any`` site: :class:`PatternScores`) and
+  ``tensors.<group>.<key>`` (a graded tensor finding of the sketches,
+  :data:`goblin_assets.audit.tensor_findings.TENSOR_KEYS`; its explanation
+  names the site and training step behind the value).
 * ``OP``: ``<  <=  >  >=  ==  !=  in  not_in  multiple_of  not_multiple_of``.
 * ``VALUE``: a YAML scalar or list (``0.3``, ``eager``, ``null``, ``[a, b]``),
   or another PATH.
@@ -55,6 +58,7 @@ from goblin_assets.contracts import (
 from goblin_assets.errors import KBError
 from goblin_assets.host import HOST_KEYS, HostFacts, current_host
 from goblin_assets.audit.signals import DERIVED, signal_counts, signal_ids
+from goblin_assets.audit.tensor_findings import TENSOR_KEYS
 from goblin_assets.runners.categories import category_pct, groups
 from goblin_assets.runners.devices import DEVICE_KEYS, device_facts
 from goblin_assets.runners.devices import matches as device_matches
@@ -71,7 +75,8 @@ _OPS = {
 }
 _ORDER = ("<", "<=", ">", ">=", "==", "!=")
 _ROOTS = ("config", "waste", "metrics", "env", "env_prefix", "platform", "cores", "torch_version",
-          "rocm_version", "kernels", "host", "packages", "patterns", "device", "signals", "local_world_size")
+          "rocm_version", "kernels", "host", "packages", "patterns", "device", "signals", "local_world_size",
+          "tensors")
 _VERSION_PATHS = ("torch_version", "rocm_version")
 
 
@@ -191,7 +196,8 @@ def _check_kind(rule: Rule) -> str:
 
 def detect_context(config: ConfigDict, metrics: RunMetrics, host: HostFacts | None = None, *,
                    env: dict[str, str] | None = None, cores: int | None = None,
-                   packages: dict[str, str | None] | None = None, patterns: Any = None) -> dict[str, Any]:
+                   packages: dict[str, str | None] | None = None, patterns: Any = None,
+                   tensors: Any = None) -> dict[str, Any]:
     """The values ``detect`` conditions read, from one config, one run and the host it belongs to.
 
     Parameters
@@ -208,6 +214,11 @@ def detect_context(config: ConfigDict, metrics: RunMetrics, host: HostFacts | No
     patterns
         The mined patterns (a ``patterns``-table frame) for
         ``patterns.<site>.<finding>``; None when nothing was mined.
+    tensors
+        The graded tensor findings
+        (:class:`goblin_assets.audit.tensor_findings.TensorFindings`) for
+        ``tensors.<group>.<key>``; None (or a group not observable): the
+        condition is "not available" and never fires.
     """
     from goblin_assets.audit.waste import shares
 
@@ -235,6 +246,7 @@ def detect_context(config: ConfigDict, metrics: RunMetrics, host: HostFacts | No
         "device": device_facts(prov.device, prov.arch, _device_memory_gb(metrics), host.cpu_bf16_matmul),
         "signals": signal_counts(metrics.signals) if metrics.signals is not None else {},
         "local_world_size": local_world_size(env_now),
+        "tensors": tensors,
     }
 
 
@@ -347,6 +359,9 @@ def _check_path(path: str) -> str | None:
     if root == "patterns" and (len(rest) < 2 or rest[-1] not in PATTERN_FINDINGS):
         return (f"expected patterns.<site>.<finding> (site: a module path or 'any') with a finding of "
                 f"{', '.join(PATTERN_FINDINGS)}")
+    if root == "tensors" and (len(rest) != 2 or rest[0] not in TENSOR_KEYS or rest[1] not in TENSOR_KEYS[rest[0]]):
+        return "expected tensors.<group>.<key> of " + "; ".join(
+            f"{g}: {', '.join(keys)}" for g, keys in TENSOR_KEYS.items())
     if root in ("env", "env_prefix", "packages") and len(rest) != 1:
         return f"expected {root}.<NAME>"
     return None
@@ -378,6 +393,9 @@ def _resolve(path: str, ctx: dict[str, Any]) -> Any:
             return _MISSING
         site, _, finding = path.removeprefix("patterns.").rpartition(".")
         return pats.score(site, finding)
+    if path.startswith("tensors."):
+        known, value, _ = _tensor_value(path, ctx)
+        return value if known else _MISSING
     cur: Any = ctx
     for part in path.split("."):
         if isinstance(cur, dict) and part in cur:
@@ -385,6 +403,15 @@ def _resolve(path: str, ctx: dict[str, Any]) -> Any:
         else:
             return _MISSING if not path.startswith("env.") else None
     return cur
+
+
+def _tensor_value(path: str, ctx: dict[str, Any]) -> tuple[bool, Any, str]:
+    """``(known, value, where)`` of a ``tensors.<group>.<key>`` path (unknown without tensor findings)."""
+    tf = ctx.get("tensors")
+    if tf is None:
+        return False, None, ""
+    group, _, key = path.removeprefix("tensors.").partition(".")
+    return tf.value(group, key)
 
 
 def _value(text: str, ctx: dict[str, Any]) -> Any:
@@ -440,7 +467,8 @@ def check_condition(cond: str, ctx: dict[str, Any]) -> tuple[bool, str]:
     except (TypeError, ZeroDivisionError):
         return False, f"{path}={lhs!r} not comparable with {rhs!r}"
     shown = f"{lhs:.3g}" if isinstance(lhs, float) else repr(lhs)
-    return ok, f"{path}={shown} {op} {rhs_text}: {'yes' if ok else 'no'}"
+    where = _tensor_value(path, ctx)[2] if path.startswith("tensors.") else ""
+    return ok, f"{path}={shown} {op} {rhs_text}: {'yes' if ok else 'no'}" + (f" (at {where})" if where else "")
 
 
 def match_rule(rule: Rule, ctx: dict[str, Any]) -> RuleMatch:

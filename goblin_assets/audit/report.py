@@ -34,6 +34,7 @@ from goblin_assets.redact import redact
 from goblin_assets.audit.benchmark import SpeedupInterval, bench_interval
 from goblin_assets.audit.calibration import Calibration, calibrate
 from goblin_assets.audit.evidence import NonfiniteEvidence
+from goblin_assets.audit.tensor_findings import TensorFindings
 from goblin_assets.audit.waste import shares
 from goblin_assets.contracts import (
     WASTE_BUCKETS, AppliedRule, BenchmarkResult, ConfigDict, Patch, RunMetrics, Signal,
@@ -122,6 +123,9 @@ class AuditReport(BaseModel):
     created_at: str
     nonfinite_markdown: list[str] = Field(default_factory=list)
     nonfinite_html: str = ""
+    tensor_markdown: list[str] = Field(default_factory=list)
+    tensor_html: str = ""
+    trace_diff_markdown: list[str] = Field(default_factory=list)
     python: str | None = None
     packages: dict[str, str | None] = Field(default_factory=dict)
     hazards: list[HazardNote] = Field(default_factory=list)
@@ -273,7 +277,7 @@ def compare_runs(before: RunMetrics, after: RunMetrics, bench: dict[str, Benchma
                  config: ConfigDict, model: str = "", calibration: Calibration | None = None,
                  nonfinite: NonfiniteEvidence | None = None, python: str | None = None,
                  packages: dict[str, str | None] | None = None,
-                 hazards: list[HazardNote] | None = None) -> AuditReport:
+                 hazards: list[HazardNote] | None = None, tensors: TensorFindings | None = None) -> AuditReport:
     """Build the report model from the original and patched runs (pure function).
 
     Parameters
@@ -296,6 +300,8 @@ def compare_runs(before: RunMetrics, after: RunMetrics, bench: dict[str, Benchma
         The job's interpreter and its library versions (the footer states them).
     hazards : list of HazardNote, optional
         The hazards and warnings that fired (:func:`hazard_notes`).
+    tensors : TensorFindings, optional
+        The "Tensor findings" section (audit/tensor_findings.py), when tensors were sketched.
     calibration : Calibration, optional
         The patch's prediction scaled by its rules' record
         (:func:`goblin_assets.audit.calibration.calibrate`); default: the
@@ -349,6 +355,8 @@ def compare_runs(before: RunMetrics, after: RunMetrics, bench: dict[str, Benchma
         cache_hits=[lab for lab, r in bench.items() if r.cache_hit],
         warnings=[*before.warnings, *headroom], created_at=time.strftime("%Y-%m-%d %H:%M:%S"),
         nonfinite_markdown=nonfinite.markdown if nonfinite else [], nonfinite_html=nonfinite.html if nonfinite else "",
+        tensor_markdown=tensors.markdown() if tensors is not None else [],
+        tensor_html=tensors.html() if tensors is not None else "",
         python=python, packages=dict(packages or {}), hazards=list(hazards or []), signals=list(before.signals or []),
     )
 
@@ -438,6 +446,7 @@ class HazardNote(BaseModel):
     title: str
     url: str
     blocks: list[str] = Field(default_factory=list)
+    evidence: str = ""
 
 
 def hazard_notes(kb, matches) -> list[HazardNote]:
@@ -448,7 +457,9 @@ def hazard_notes(kb, matches) -> list[HazardNote]:
         if r is not None and r.kind in ("hazard", "warning"):
             out.append(HazardNote(rule_id=r.id, kind=r.kind, text=" ".join(r.symptom.split()),
                                   action=" ".join(r.expected_impact.split()), title=r.citation.title,
-                                  url=r.citation.url, blocks=list(r.blocks)))
+                                  url=r.citation.url, blocks=list(r.blocks),
+                                  evidence="; ".join(str(v) for c, v in m.evidence.items()
+                                                     if c.startswith("tensors."))))
     return sorted(out, key=lambda h: (h.kind != "hazard", h.rule_id))
 
 
@@ -483,7 +494,8 @@ def rules_markdown(applied: list, dropped: list[str], env: dict[str, str], unset
         out += ["## Hazards and warnings", ""]
         for h in hazards:
             blocks = f" Blocks: {', '.join(f'`{b}`' for b in h.blocks)}." if h.blocks else ""
-            out += [f"- **{h.kind}: {h.rule_id}**: {h.text} {h.action}{blocks} Source: [{h.title}]({h.url})."]
+            seen = f" Evidence: {h.evidence}." if h.evidence else ""
+            out += [f"- **{h.kind}: {h.rule_id}**: {h.text} {h.action}{blocks}{seen} Source: [{h.title}]({h.url})."]
         out.append("")
     out += ["## Applied rules", ""]
     if not applied:
@@ -579,6 +591,8 @@ def render_markdown(rep: AuditReport, chart_name: str | None = None) -> str:
     if chart_name:
         out += [f"![waste budget and throughput]({chart_name})", ""]
     out += rep.nonfinite_markdown
+    out += rep.tensor_markdown
+    out += rep.trace_diff_markdown
     out += ["## Throughput (measured)", "", f"| run | {u} (median) | spread (max−min) | step time (profiled) |",
             "|---|---|---|---|",
             f"| original | {rep.baseline_throughput:.1f} | {rep.baseline_spread:.1f} | "
@@ -677,6 +691,8 @@ def render_html(rep: AuditReport) -> str:
     ]
     if rep.nonfinite_html:
         parts.append(rep.nonfinite_html)
+    if rep.tensor_html:
+        parts.append(rep.tensor_html)
     if rep.measured_interval is not None:
         parts.append(f'<p class="muted">How the speedup was measured: {_e(rep.measured_interval.method)}.</p>')
     if rep.unit == "tokens":
@@ -711,6 +727,7 @@ def render_html(rep: AuditReport) -> str:
         parts += ["<h2>Hazards and warnings</h2>", *[
             f'<div class="rule"><span class="id">{_e(h.kind)}: {_e(h.rule_id)}</span><br>{_e(h.text)} '
             f"{_e(h.action)}" + (f"<br>Blocks: {_e(', '.join(h.blocks))}" if h.blocks else "") +
+            (f"<br>Evidence: {_e(h.evidence)}" if h.evidence else "") +
             f'<br><span class="muted">Source: <a href="{_e(h.url)}">{_e(h.title)}</a></span></div>'
             for h in rep.hazards]]
     if rep.signals:
@@ -822,7 +839,8 @@ class ReplayReport(BaseModel):
 
 
 def replay_report(before: RunMetrics, patch: Patch, config: ConfigDict, model: str = "",
-                  calibration: Calibration | None = None, hazards: list[HazardNote] | None = None) -> ReplayReport:
+                  calibration: Calibration | None = None, hazards: list[HazardNote] | None = None,
+                  tensors: TensorFindings | None = None) -> ReplayReport:
     """The report of an audit whose run was replayed (pure function).
 
     Parameters
@@ -840,16 +858,23 @@ def replay_report(before: RunMetrics, patch: Patch, config: ConfigDict, model: s
         model's prediction unscaled).
     hazards : list of HazardNote, optional
         The hazards and warnings that fired.
+    tensors : TensorFindings, optional
+        The "Tensor findings" section, where the recording holds sketches (a replay usually has none).
 
     Units: step times in ms, throughputs in the run's ``throughput_unit``.
     """
     kind, u = before.provenance.kind, before.throughput_unit
     cal = calibration or calibrate(patch, None)
     source = before.provenance.source
-    rows = [("step time (median)", f"{(before.step_time_s or 0) * 1e3:.1f} ms"),
-            (u, f"{before.throughput or 0:,.1f}"), ("MFU", f"{before.mfu_pct or 0:.1f} %"),
-            ("memory peak", f"{before.mem_peak_gb or 0:.1f} GB"), ("utilisation", f"{before.util_pct or 0:.0f} %"),
-            ("device", before.provenance.device)]
+    def val(v: float | None, fmt: str, key: str) -> str:  # a missing number is never shown as 0
+        return fmt.format(v) if v is not None else "not observable" + (
+            f" ({before.not_observable[key]})" if key in before.not_observable else "")
+
+    rows = [("step time (median)", val(None if before.step_time_s is None else before.step_time_s * 1e3,
+                                       "{:.1f} ms", "step_time_s")),
+            (u, val(before.throughput, "{:,.1f}", "throughput")), ("MFU", val(before.mfu_pct, "{:.1f} %", "mfu_pct")),
+            ("memory peak", val(before.mem_peak_gb, "{:.1f} GB", "mem_peak_gb")),
+            ("utilisation", val(before.util_pct, "{:.0f} %", "util_pct")), ("device", before.provenance.device)]
     out = [f"# Goblin audit: {before.workload} ({kind}, nothing measured by this run)", "",
            f"**Measured speedup: not observable.** Every number below is {kind}, from the recording "
            f"`{source}`. A benchmark needs timed runs of the original and the patched workload, and a replay runs "
@@ -860,6 +885,7 @@ def replay_report(before: RunMetrics, patch: Patch, config: ConfigDict, model: s
            "", f"## Waste budget per step ({kind})", "", "| bucket | ms/step | status |", "|---|---|---|",
            *[f"| {k} | {b.seconds * 1e3:.2f} | {b.status} |" for k, b in before.waste_budget.items()],
            ""]
+    out += tensors.markdown() if tensors is not None else []
     out += signals_markdown(before.signals)
     out += rules_markdown(patch.applied, patch.dropped, patch.env, patch.unset_env, list(hazards or []),
                           patch.consistency_notes)

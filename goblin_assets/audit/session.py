@@ -42,7 +42,6 @@ import hashlib
 import json
 import shutil
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +54,7 @@ from goblin_assets import goblin_home
 from goblin_assets.audit.benchmark import benchmark
 from goblin_assets.audit.calibration import Calibration, calibrate
 from goblin_assets.audit.config import parse_config
+from goblin_assets.audit.ids import make_audit_id
 from goblin_assets.audit.kb import KnowledgeBase, detect_context, load_kb, local_world_size, match_rules
 from goblin_assets.audit.changeset import ChangeSet
 from goblin_assets.audit.evidence import NonfiniteEvidence, nonfinite_evidence
@@ -63,6 +63,8 @@ from goblin_assets.audit.profile import profile_run, timed_metrics
 from goblin_assets.audit.report import (
     AuditReport, ReplayReport, compare_runs, hazard_notes, replay_report, write_html, write_report,
 )
+from goblin_assets.audit.tensor_findings import TensorFindings
+from goblin_assets.audit.tensor_findings import tensor_findings as grade_tensors
 from goblin_assets.audit.retrieval import KBIndex, embedding_frame, index_for, retrieval_scores, run_symptoms
 from goblin_assets.contracts import (
     CONFIG_FIELDS, BenchmarkResult, ConfigDict, Patch, RuleMatch, RunMetrics, WasteBucket,
@@ -71,6 +73,7 @@ from goblin_assets.errors import GoblinError, RunFailed
 from goblin_assets.host import HostFacts, current_host, for_interpreter, keyword_names
 from goblin_assets.redact import redact
 from goblin_assets.runners.base import Runner
+from goblin_assets.runners.devices import device_facts
 from goblin_assets.runners.factory import make_runner, runner_for
 from goblin_assets.runners.replay import not_observable
 from goblin_assets.runners.workload import Workload
@@ -98,17 +101,6 @@ class WhatIfError(GoblinError):
     """A what-if change cannot be used (names the field and the reason)."""
 
 
-def make_audit_id(workload: str, token: str | None = None) -> str:
-    """The id of one audit: ``<workload with / as ->-<first 8 characters of token>``.
-
-    ``token`` is the Dagster run id for an audit materialized in Dagster, a
-    fresh random hex string otherwise.  Every row an audit writes carries this
-    id (``audit_id``) or a run id derived from it (``<audit_id>-profile``,
-    ``-patched``, ``-sketch``).
-    """
-    return f"{workload.replace('/', '-')}-{(token or uuid.uuid4().hex)[:8]}"
-
-
 @dataclass
 class AuditSession:
     """One workload's audit: how to run it, where it belongs, and every stage result so far.
@@ -133,6 +125,7 @@ class AuditSession:
     whatif_diff: str = ""
     results: dict[str, Any] = field(default_factory=dict, repr=False)
     not_observable: dict[str, str] = field(default_factory=dict)
+    device_traces: dict[str, Any] = field(default_factory=dict, repr=False)
     variants: dict[str, AuditSession] = field(default_factory=dict, repr=False)
 
     # ------------------------------------------------------------------ building
@@ -330,6 +323,21 @@ class AuditSession:
             return mine_patterns(sk)
         return self._memo("mined_patterns", mine)
 
+    def tensor_findings(self) -> TensorFindings:
+        """Graded findings of the sketches and patterns: precision range, FP8, frozen base, sparsity (memoised).
+
+        Empty for a replay.  FP8 readiness is stated only for a device with
+        FP8 matrix units (the profiled run's device, :func:`device_facts`).
+        See :mod:`goblin_assets.audit.tensor_findings`.
+        """
+        def grade() -> TensorFindings:
+            prov = self.profile_run().provenance
+            return grade_tensors(self.tensor_sketches(), self.mined_patterns(),
+                                 precision=self.training_config().precision,
+                                 device=device_facts(prov.device, prov.arch, None, self.host.cpu_bf16_matmul),
+                                 sketch_warmup=SKETCH_WARMUP)
+        return self._memo("tensor_findings", grade)
+
     def kb_index(self) -> KBIndex:
         """Stage ``kb_index``: the rules' embeddings, from the cached rows given to :meth:`open` or encoded now."""
         return self._memo("kb_index", lambda: index_for(self.rules(), self.cached_embeddings))
@@ -351,9 +359,10 @@ class AuditSession:
         return self._memo("kb_matches", match)
 
     def detect_context(self) -> dict[str, Any]:
-        """What detect conditions read: config, profiled run, host facts, job environment, mined patterns."""
+        """What detect conditions read: config, profiled run, host facts, job environment, mined patterns and
+        the graded tensor findings (``tensors.<group>.<key>``)."""
         return detect_context(self.training_config(), self.profile_run(), self.host, cores=self.cores(),
-                              patterns=self.mined_patterns())
+                              patterns=self.mined_patterns(), tensors=self.tensor_findings())
 
     def rule_checks(self) -> list[RuleMatch]:
         """Every rule's detect conditions on :meth:`detect_context` (fired first), without retrieval scores.
@@ -493,14 +502,21 @@ class AuditSession:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             if bench is None or after is None:
                 rep = replay_report(before, p, cfg, model=self.workload.model, calibration=self.calibration(),
-                                    hazards=hazard_notes(self.rules(), self.kb_matches()))
+                                    hazards=hazard_notes(self.rules(), self.kb_matches()),
+                                    tensors=self.tensor_findings())
                 (self.out_dir / "report.md").write_text(rep.markdown, encoding="utf-8")
                 self.results["report_path"] = self.out_dir / "report.md"
             else:
                 rep = compare_runs(before, after, bench, p, cfg, model=self.workload.model,
                                    calibration=self.calibration(), nonfinite=self.nonfinite(),
                                    python=getattr(self.runner, "python", None), packages=self.packages_seen(),
-                                   hazards=hazard_notes(self.rules(), self.kb_matches()))
+                                   hazards=hazard_notes(self.rules(), self.kb_matches()),
+                                   tensors=self.tensor_findings())
+                a, b = self.device_trace("profile"), self.device_trace("patched")
+                if a is not None and b is not None:  # GPU runs: goblin trace's diff, original vs patched
+                    from goblin_assets.trace.analysis import diff_markdown
+
+                    rep.trace_diff_markdown = diff_markdown(a, b)
                 self.results["report_path"] = write_report(rep, self.out_dir)
             return rep
         return self._memo("audit_report", report)
@@ -547,7 +563,7 @@ class AuditSession:
         if stage == "profile_run":
             m = self.profile_run()
             return {"runs": F.runs_frame(m, f"{aid}-profile", "profile", aid),
-                    "kernels": F.kernels_frame(m, f"{aid}-profile")}
+                    "kernels": F.kernels_frame(m, f"{aid}-profile"), **self._trace_rows("profile")}
         if stage == "waste_budget":
             return {"waste_budget": F.waste_frame(self.profile_run(), f"{aid}-profile", "profile")}
         if stage == "tensor_sketches":
@@ -568,7 +584,8 @@ class AuditSession:
                 return {}
             pid = f"{aid}-patched"
             return {"benchmarks": F.bench_frame(bench, aid, name), "runs": F.runs_frame(after, pid, "patched", aid),
-                    "waste_budget": F.waste_frame(after, pid, "patched"), "kernels": F.kernels_frame(after, pid)}
+                    "waste_budget": F.waste_frame(after, pid, "patched"), "kernels": F.kernels_frame(after, pid),
+                    **self._trace_rows("patched")}
         if stage == "audit_report":
             rep = self.audit_report()
             return {"audits": F.audit_frame(aid, name, f"{aid}-profile",
@@ -577,6 +594,22 @@ class AuditSession:
         if stage == "patch":
             return {}
         raise ValueError(f"unknown stage {stage!r}; the stages are {', '.join(STAGES)}")
+
+    def device_trace(self, label: str):
+        """The trace analyses (:class:`goblin_assets.trace.analysis.TraceReport`) of the ``profile`` or
+        ``patched`` run when it ran on a GPU, else None (cached)."""
+        from goblin_assets.trace.analysis import device_trace_report
+
+        if label not in self.device_traces:
+            m = self.profile_run() if label == "profile" else self.patched_run()
+            self.device_traces[label] = device_trace_report(m, f"{self.audit_id}-{label}") if m is not None else None
+        return self.device_traces[label]
+
+    def _trace_rows(self, label: str) -> dict[str, pd.DataFrame]:
+        from goblin_assets.trace.analysis import trace_frames
+
+        rep = self.device_trace(label)
+        return trace_frames(rep, audit_id=self.audit_id, with_run=False) if rep is not None else {}
 
     def frames(self) -> dict[str, pd.DataFrame]:
         """All warehouse rows of the audit, by table (what ``goblin audit`` writes in one transaction)."""
@@ -602,6 +635,9 @@ class AuditSession:
         prediction the report shows (calibrated by the rules' record when
         :attr:`history` has one), ``predicted_speedup_model`` the waste-budget
         model's own, ``calibration`` how one became the other.
+        ``tensor_findings`` lists the graded tensor findings
+        (:meth:`TensorFinding.to_json`: finding, severity, scope, site,
+        role, step, train_step, text, numbers, sql); empty for a replay.
         """
         rep, p, after, bench = self.audit_report(), self.patch(), self.patched_run(), self.benchmarks() or {}
         return {
@@ -631,6 +667,7 @@ class AuditSession:
             "patch_validation": self.results.get("patch_validation", []),
             "nonfinite": self.nonfinite().to_json() if self.nonfinite() is not None else None,
             "not_observable": dict(self.not_observable),
+            "tensor_findings": self.tensor_findings().to_json(),
         }
 
     def write_html(self, path: Path) -> Path:

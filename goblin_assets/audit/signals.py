@@ -33,6 +33,10 @@ DERIVED: dict[str, str] = {
     "loss_nonfinite": "optimizer steps whose loss was NaN or inf",
     "grads_missing": "trainable parameters that had no gradient at an optimizer step after the first",
     "params_nonfinite": "parameters of the stepped optimizers holding NaN or inf at the end of the run",
+    # from a recorded GPU trace's graded findings (goblin_assets/trace/analysis.py trace_signals)
+    "trace_activation_recompute": "profiled steps whose trace shows forward work re-run inside backward",
+    "trace_sync_wait": "a recorded trace whose host waits in blocking syncs at least a moderate share of the step",
+    "trace_cpu_launch_bound": "profiled steps whose trace is bound by the host launching work (device idle)",
 }
 
 

@@ -18,14 +18,19 @@ def workload_names() -> list[str]:
     return [p.relative_to(root).as_posix() for p in list_workloads(root)]
 
 
+def sync_partitions(context: dg.SensorEvaluationContext, partitions: dg.DynamicPartitionsDefinition,
+                    on_disk: list[str]) -> dg.SensorResult:
+    """Add a partition for each key in ``on_disk`` the instance lacks, delete those no longer on disk."""
+    have, known = set(on_disk), set(context.instance.get_dynamic_partitions(partitions.name))
+    requests = []
+    if have - known:
+        requests.append(partitions.build_add_request(sorted(have - known)))
+    if known - have:
+        requests.append(partitions.build_delete_request(sorted(known - have)))
+    return dg.SensorResult(dynamic_partitions_requests=requests)
+
+
 @dg.sensor(minimum_interval_seconds=30, default_status=dg.DefaultSensorStatus.RUNNING)
 def workload_folders_sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult:
     """Add a partition for each new workload folder, delete those whose folder is gone."""
-    on_disk = set(workload_names())
-    known = set(context.instance.get_dynamic_partitions(workloads_partitions.name))
-    requests = []
-    if on_disk - known:
-        requests.append(workloads_partitions.build_add_request(sorted(on_disk - known)))
-    if known - on_disk:
-        requests.append(workloads_partitions.build_delete_request(sorted(known - on_disk)))
-    return dg.SensorResult(dynamic_partitions_requests=requests)
+    return sync_partitions(context, workloads_partitions, workload_names())

@@ -10,9 +10,9 @@ from goblin_assets.warehouse.sql_models import SqlModel, build_model, load_model
 #: ``warehouse.tables.TABLES`` has its writers here (tests/test_sql_models.py checks it).
 TABLE_PRODUCERS: dict[str, list[str]] = {
     "configs": ["training_config"],
-    "runs": ["profile_run", "tensor_sketches", "benchmark_patched"],
-    "kernels": ["profile_run", "benchmark_patched"],
-    "waste_budget": ["waste_budget", "benchmark_patched"],
+    "runs": ["profile_run", "tensor_sketches", "benchmark_patched", "recorded_trace"],
+    "kernels": ["profile_run", "benchmark_patched", "recorded_trace"],
+    "waste_budget": ["waste_budget", "benchmark_patched", "recorded_trace"],
     "sketches": ["tensor_sketches", "opscope_sweep", "opscope_seq", "opscope_digits", "opscope_minilm",
                  "inference_dynamics"],
     "patterns": ["mined_patterns", "opscope_patterns", "inference_dynamics", "probes", "roofline", "dataflow",
@@ -25,6 +25,11 @@ TABLE_PRODUCERS: dict[str, list[str]] = {
     "roofline": ["roofline"],
     "plan": ["plan"],
     "online_sketches": ["online_sketches"],
+    # recorded traces, and the audit's own GPU runs (the same analyses: goblin_assets/trace/)
+    **{t: ["recorded_trace", "profile_run", "benchmark_patched"] for t in (
+        "trace_runs", "trace_temporal", "trace_idle", "trace_kernel_categories", "trace_launch",
+        "trace_short_kernels", "trace_ops", "trace_recompute", "trace_critical_path", "trace_sync_root_causes",
+        "trace_findings")},
 }
 
 

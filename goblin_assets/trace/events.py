@@ -54,6 +54,15 @@ class TraceReadError(GoblinError):
     """A recorded trace cannot be read: names the file and what is wrong with it."""
 
 
+def trace_stem(path: str | Path) -> str:
+    """A trace file's name without its trace suffix (``rank0.json.gz`` -> ``rank0``; dots inside are kept)."""
+    name = Path(path).name
+    for suffix in (".pt.trace.json.gz", ".pt.trace.json", ".json.gz", ".json", ".csv"):
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
 def hta_kernel_type(name: str) -> str:
     """HTA's kernel type of a device event name: COMMUNICATION, MEMORY or COMPUTATION.
 
@@ -88,13 +97,16 @@ class TraceEvents:
     ``python_function`` events (``name``, ``ts_us``, ``dur_us``, ``end_us``,
     ``tid``; present only with ``with_stack``).  ``steps``: the CPU-side
     ``ProfilerStep#N`` windows (``step``, ``start_us``, ``end_us``, ``dur_us``);
-    empty for rocprofv3 output, which has no steps.  ``loader``: DataLoader
+    empty for rocprofv3 output, which has no steps.  ``gpu_steps``: the
+    device-side copies of those windows (``gpu_user_annotation``
+    ``ProfilerStep#N``; same columns), which HTA's step filter also reads.  ``loader``: DataLoader
     ``__next__`` ranges (``ts_us``, ``end_us``).  ``syncs``: ``cuda_sync``
     events (``name``, ``ts_us``, ``end_us``, ``stream``).
 
     ``device_name`` is the first ``deviceProperties`` entry's name (Kineto) or
     the dispatching agent's ``product_name`` (rocprofv3), ``None`` when the
-    trace does not say; ``flags`` the recording options the trace states
+    trace does not say; ``versions`` the runtime versions the trace records,
+    decoded (``hip``, ``cuda``: :func:`_versions`); ``flags`` the recording options the trace states
     (``record_shapes``, ``with_stack``, ``profile_memory``, ``with_flops``,
     ``with_modules``: True/False, absent when the trace does not record it).
     """
@@ -106,13 +118,33 @@ class TraceEvents:
     cpu_ops: pd.DataFrame
     python: pd.DataFrame
     steps: pd.DataFrame
+    gpu_steps: pd.DataFrame
     loader: pd.DataFrame
     syncs: pd.DataFrame
     device_name: str | None = None
     device_properties: list[dict] = field(default_factory=list)
     flags: dict[str, bool] = field(default_factory=dict)
     distributed: dict = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=dict)
     other_events: int = 0
+
+    @property
+    def platform(self) -> str:
+        """``rocm`` or ``cuda``: from the recorded runtime version, else the device's vendor, else the launch API
+        names (``hip*``), else the profiler (rocprofv3 is ROCm's); ``cpu`` for a Kineto trace without device
+        events."""
+        if self.source_format == "kineto" and self.kernels.empty:
+            return "cpu"
+        if "hip" in self.versions or self.source_format != "kineto":
+            return "rocm"
+        if "cuda" in self.versions:
+            return "cuda"
+        name = (self.device_name or "").lower()
+        if "amd" in name or "instinct" in name or "radeon" in name:
+            return "rocm"
+        if "nvidia" in name:
+            return "cuda"
+        return "rocm" if self.runtime["name"].str.startswith("hip").any() else "cuda"
 
     @property
     def has_steps(self) -> bool:
@@ -180,7 +212,7 @@ def _kineto(path: Path, doc: dict) -> TraceEvents:
     events = doc.get("traceEvents")
     if not isinstance(events, list):
         raise TraceReadError(f"{path}: a JSON object without a traceEvents list: not a Kineto trace")
-    kernels, runtime, ops, py, steps, loader, syncs = [], [], [], [], [], [], []
+    kernels, runtime, ops, py, steps, gpu_steps, loader, syncs = [], [], [], [], [], [], [], []
     other = 0
     for ev in events:
         if not isinstance(ev, dict) or ev.get("ph") != "X" or "dur" not in ev or "ts" not in ev:
@@ -206,8 +238,9 @@ def _kineto(path: Path, doc: dict) -> TraceEvents:
             syncs.append({"name": name, "ts_us": a, "end_us": a + d, "stream": _int(args.get("stream"))})
         elif cat == "python_function":
             py.append({"name": name, "ts_us": a, "dur_us": d, "end_us": a + d, "tid": ev.get("tid")})
-        elif (m := _STEP.match(name)) and cat in ("user_annotation", "cpu_op", ""):
-            steps.append({"step": int(m.group(1)), "start_us": a, "end_us": a + d, "dur_us": d})
+        elif (m := _STEP.match(name)) and cat in ("user_annotation", "cpu_op", "gpu_user_annotation", ""):
+            (gpu_steps if cat == "gpu_user_annotation" else steps).append(
+                {"step": int(m.group(1)), "start_us": a, "end_us": a + d, "dur_us": d})
         elif cat == "cpu_op":
             if _DATALOADER.match(name):
                 loader.append({"ts_us": a, "end_us": a + d})
@@ -218,8 +251,8 @@ def _kineto(path: Path, doc: dict) -> TraceEvents:
                         "concrete_inputs": args.get("Concrete Inputs")})
         elif _DATALOADER.match(name):
             loader.append({"ts_us": a, "end_us": a + d})
-    step_df = pd.DataFrame(steps, columns=["step", "start_us", "end_us", "dur_us"])
-    step_df = step_df.drop_duplicates("step").sort_values("step").reset_index(drop=True)
+    step_cols = ["step", "start_us", "end_us", "dur_us"]
+    step_df = pd.DataFrame(steps, columns=step_cols).drop_duplicates("step").sort_values("step").reset_index(drop=True)
     props = [p for p in (doc.get("deviceProperties") or []) if isinstance(p, dict)]
     flags = {k: bool(doc[k]) for k in ("record_shapes", "with_stack", "profile_memory", "with_flops", "with_modules")
              if k in doc}
@@ -229,17 +262,31 @@ def _kineto(path: Path, doc: dict) -> TraceEvents:
         runtime=_frame(runtime, _RUNTIME_COLS, ("correlation", "external_id")),
         cpu_ops=_frame(ops, _OP_COLS, ("external_id", "sequence_number", "fwd_thread_id")),
         python=_frame(py, _PY_COLS), steps=step_df,
+        gpu_steps=pd.DataFrame(gpu_steps, columns=step_cols).sort_values("step").reset_index(drop=True),
         loader=pd.DataFrame(loader, columns=["ts_us", "end_us"]),
         syncs=pd.DataFrame(syncs, columns=["name", "ts_us", "end_us", "stream"]),
         device_name=props[0].get("name") if props else None, device_properties=props, flags=flags,
         distributed=doc.get("distributedInfo") if isinstance(doc.get("distributedInfo"), dict) else {},
-        other_events=other)
+        versions=_versions(doc), other_events=other)
+
+
+def _versions(doc: dict) -> dict[str, str]:
+    """Runtime versions of a Kineto trace's header, decoded (HIP: major*10^7 + minor*10^5 + patch, the
+    ``HIP_VERSION`` encoding; CUDA: major*1000 + minor*10, ``CUDART_VERSION``)."""
+    out = {}
+    hip, cuda = _int(doc.get("hip_runtime_version")), _int(doc.get("cuda_runtime_version"))
+    if hip:
+        out["hip"] = f"{hip // 10**7}.{hip // 10**5 % 100}.{hip % 10**5}"
+    if cuda:
+        out["cuda"] = f"{cuda // 1000}.{cuda % 1000 // 10}"
+    return out
 
 
 def _empty_host() -> dict:
     return {"runtime": _frame([], _RUNTIME_COLS, ("correlation", "external_id")),
             "cpu_ops": _frame([], _OP_COLS, ("external_id", "sequence_number", "fwd_thread_id")),
             "python": _frame([], _PY_COLS), "steps": pd.DataFrame(columns=["step", "start_us", "end_us", "dur_us"]),
+            "gpu_steps": pd.DataFrame(columns=["step", "start_us", "end_us", "dur_us"]),
             "loader": pd.DataFrame(columns=["ts_us", "end_us"]),
             "syncs": pd.DataFrame(columns=["name", "ts_us", "end_us", "stream"])}
 

@@ -102,6 +102,72 @@ TABLES: dict[str, list[tuple[str, str, bool]]] = {
         ("median_per_s", "DOUBLE", False), ("spread_per_s", "DOUBLE", False), ("steps", "BIGINT", False),
         ("cache_key", "VARCHAR", False), ("cache_hit", "BOOLEAN", False), ("provenance", "VARCHAR", False),
     ],
+    # ---- recorded traces (goblin_assets/trace/): one row set per analysis, keyed by trace_id
+    "trace_runs": [
+        ("trace_id", "VARCHAR", False), ("audit_id", "VARCHAR", True), ("created_at", "TIMESTAMP", False),
+        ("path", "VARCHAR", False), ("source_format", "VARCHAR", False), ("device", "VARCHAR", True),
+        ("steps", "BIGINT", False), ("device_events", "BIGINT", False), ("elapsed_s", "DOUBLE", False),
+        ("flags_json", "VARCHAR", False), ("not_observable_json", "VARCHAR", False),
+    ],
+    "trace_temporal": [
+        ("trace_id", "VARCHAR", False), ("device", "BIGINT", True), ("idle_time_us", "DOUBLE", False),
+        ("compute_time_us", "DOUBLE", False), ("non_compute_time_us", "DOUBLE", False),
+        ("kernel_time_us", "DOUBLE", False), ("idle_time_pct", "DOUBLE", True), ("compute_time_pct", "DOUBLE", True),
+        ("non_compute_time_pct", "DOUBLE", True),
+    ],
+    "trace_idle": [
+        ("trace_id", "VARCHAR", False), ("device", "BIGINT", True), ("stream", "BIGINT", True),
+        ("host_wait_us", "DOUBLE", False), ("kernel_wait_us", "DOUBLE", False), ("other_wait_us", "DOUBLE", False),
+        ("idle_us", "DOUBLE", False), ("host_wait_pct", "DOUBLE", True), ("kernel_wait_pct", "DOUBLE", True),
+        ("other_wait_pct", "DOUBLE", True),
+    ],
+    "trace_kernel_categories": [
+        ("trace_id", "VARCHAR", False), ("category", "VARCHAR", False), ("group", "VARCHAR", False),
+        ("count", "BIGINT", False), ("total_us", "DOUBLE", False), ("mean_us", "DOUBLE", False),
+        ("share_pct", "DOUBLE", False),
+    ],
+    "trace_launch": [
+        ("trace_id", "VARCHAR", False), ("correlation", "BIGINT", True), ("api", "VARCHAR", True),
+        ("name", "VARCHAR", False), ("device", "BIGINT", True), ("stream", "BIGINT", True),
+        ("launch_ts_us", "DOUBLE", True), ("cpu_launch_us", "DOUBLE", True), ("gpu_dur_us", "DOUBLE", True),
+        ("launch_delay_us", "DOUBLE", True),
+    ],
+    "trace_short_kernels": [
+        ("trace_id", "VARCHAR", False), ("name", "VARCHAR", False), ("category", "VARCHAR", False),
+        ("count", "BIGINT", False), ("total_us", "DOUBLE", False), ("mean_us", "DOUBLE", False),
+        ("share_pct", "DOUBLE", False),
+    ],
+    "trace_ops": [
+        ("trace_id", "VARCHAR", False), ("op", "VARCHAR", False), ("kind", "VARCHAR", False),
+        ("input_dims", "VARCHAR", True), ("dtype", "VARCHAR", True), ("count", "BIGINT", False),
+        ("gpu_time_us", "DOUBLE", True), ("flops", "DOUBLE", True), ("bytes", "DOUBLE", True),
+        ("arithmetic_intensity_flop_per_byte", "DOUBLE", True), ("achieved_tflops", "DOUBLE", True),
+        ("peak_tflops", "DOUBLE", True), ("pct_of_peak", "DOUBLE", True), ("bound", "VARCHAR", True),
+        ("status", "VARCHAR", False),
+    ],
+    "trace_recompute": [
+        ("trace_id", "VARCHAR", False), ("step", "BIGINT", False), ("step_us", "DOUBLE", False),
+        ("recompute_us", "DOUBLE", False), ("recompute_pct", "DOUBLE", False), ("recompute_ops", "BIGINT", False),
+        ("method", "VARCHAR", False), ("severity", "VARCHAR", False),
+    ],
+    "trace_critical_path": [
+        ("trace_id", "VARCHAR", False), ("step", "BIGINT", False), ("window_us", "DOUBLE", False),
+        ("device_busy_us", "DOUBLE", False), ("device_idle_us", "DOUBLE", False), ("host_busy_us", "DOUBLE", False),
+        ("sync_wait_us", "DOUBLE", False), ("loader_wait_us", "DOUBLE", False),
+        ("idle_after_sync_us", "DOUBLE", False), ("idle_loader_us", "DOUBLE", False),
+        ("idle_launch_us", "DOUBLE", False), ("verdict", "VARCHAR", False), ("ops_on_path", "VARCHAR", False),
+    ],
+    "trace_sync_root_causes": [
+        ("trace_id", "VARCHAR", False), ("step", "BIGINT", False), ("gap_start_us", "DOUBLE", False),
+        ("gap_us", "DOUBLE", False), ("sync_call", "VARCHAR", False), ("sync_ts_us", "DOUBLE", False),
+        ("sync_us", "DOUBLE", False), ("python_frame", "VARCHAR", True), ("cpu_op", "VARCHAR", True),
+    ],
+    "trace_findings": [
+        ("trace_id", "VARCHAR", False), ("analysis", "VARCHAR", False), ("kind", "VARCHAR", False),
+        ("severity", "VARCHAR", False), ("message", "VARCHAR", False), ("value", "DOUBLE", True),
+        ("unit", "VARCHAR", False), ("threshold", "VARCHAR", False), ("threshold_source", "VARCHAR", False),
+        ("status", "VARCHAR", False), ("evidence_json", "VARCHAR", False),
+    ],
 }
 
 #: Extra checks per (table, column) beyond type and nullability.
@@ -114,6 +180,11 @@ _CHECKS: dict[tuple[str, str], list[pa.Check]] = {
     ("sketches", "role"): [pa.Check.isin(["lhs", "rhs", "out", "probs", "route"])],
     ("sketches", "numel"): [pa.Check.ge(0)],
     ("kernels", "pct_time"): [pa.Check.in_range(0, 100)],
+    ("trace_findings", "severity"): [pa.Check.isin(["ok", "moderate", "high"])],
+    ("trace_findings", "status"): [pa.Check.isin(["measured", "estimated", "not_observable"])],
+    ("trace_critical_path", "verdict"): [pa.Check.isin(["cpu_launch_bound", "sync_bound", "loader_bound",
+                                                         "device_bound"])],
+    ("trace_kernel_categories", "share_pct"): [pa.Check.in_range(0, 100)],
     ("benchmarks", "throughput_per_s"): [pa.Check.gt(0)],
     ("benchmarks", "label"): [pa.Check.isin(["baseline", "patched"])],
     ("audits", "speedup_verdict"): [pa.Check.isin(["faster", "slower", "no significant change", "no interval"])],

@@ -1,0 +1,82 @@
+"""``goblin trace``: analyse a trace recorded elsewhere (Kineto or rocprofv3), or compare two.
+
+    goblin trace PATH [--json] [--html OUT] [--no-warehouse]
+    goblin trace A B [--json] [--html OUT]     # diff: categories and ops matched across the two
+
+Nothing is run.  Tables go to the warehouse (``trace_*``, plus the ``runs`` /
+``waste_budget`` / ``kernels`` rows of the trace's RunMetrics) unless
+``--no-warehouse``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from goblin_assets.cli_common import console, out
+
+
+def cmd_trace(args) -> int:
+    from goblin_assets.trace.analysis import analyze_trace, trace_frames
+    from goblin_assets.trace.diff import category_diff, op_diff
+    from goblin_assets.errors import GoblinError
+    from goblin_assets.trace.render import findings_table, frame_table, write_trace_html
+
+    if len(args.paths) > 2:
+        raise GoblinError(f"goblin trace takes one trace, or two to compare; got {len(args.paths)}")
+    reps = [analyze_trace(p, progress=lambda s: console.print(f"[dim]{s}[/dim]", highlight=False))
+            for p in args.paths]
+    rep = reps[0]
+    diff = None
+    if len(reps) == 2:
+        diff = {"categories": category_diff(reps[0].events, reps[1].events),
+                "ops": op_diff(reps[0].events, reps[1].events)}
+    if not args.no_warehouse:
+        from goblin_assets.warehouse.db import write
+
+        counts = write(_merge([trace_frames(r) for r in reps]))
+        console.print(f"[dim]warehouse: {sum(counts.values())} rows in {len(counts)} tables "
+                      f"(trace_id {', '.join(r.trace_id for r in reps)})[/dim]")
+    html = write_trace_html(rep, args.html, diff, reps[1] if len(reps) == 2 else None) if args.html else None
+    if args.json:
+        doc = rep.to_json() if len(reps) == 1 else {
+            "a": reps[0].to_json(), "b": reps[1].to_json(),
+            "diff": {k: json.loads(v.to_json(orient="records")) for k, v in diff.items()}}
+        if html:
+            doc["html_path"] = str(html)
+        sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
+        return 0
+    if diff is not None:
+        out.print(frame_table(diff["categories"], f"categories: A={reps[0].path.name} B={reps[1].path.name}"))
+        cols = ["op", "input_dims", "a_gpu_time_per_step_us", "b_gpu_time_per_step_us", "time_ratio", "matched"]
+        out.print(frame_table(diff["ops"][cols], "ops matched by name and input shapes (GPU µs per step; kernels "
+                              "in --json/--html)", max_rows=15))
+    for r in reps:
+        out.print(findings_table(r))
+        for name in ("temporal", "kernel_categories", "critical_path", "recompute"):
+            if not r.tables[name].empty:
+                out.print(frame_table(r.tables[name], f"{name} ({r.path.name})"))
+        wb = ", ".join(f"{k} {b.seconds * 1e3:.2f} ms ({b.status})" for k, b in r.metrics.waste_budget.items())
+        out.print(f"waste budget per step ({r.metrics.provenance.kind}): {wb}", highlight=False)
+        out.print(f"[dim]{r.path.name}: analysed in {r.elapsed_s:.2f} s; nothing was run[/dim]")
+    if html:
+        out.print(f"HTML: {html}")
+    return 0
+
+
+def _merge(frames: list[dict]) -> dict:
+    import pandas as pd
+
+    keys = {k for f in frames for k in f}
+    return {k: pd.concat([f[k] for f in frames if k in f], ignore_index=True) for k in keys}
+
+
+def add_trace_parser(sub: argparse._SubParsersAction) -> None:
+    """Register ``goblin trace``."""
+    t = sub.add_parser("trace", help="analyse a recorded GPU trace (Kineto .json/.json.gz, rocprofv3 JSON/CSV), "
+                                     "or diff two")
+    t.add_argument("paths", nargs="+", metavar="PATH", help="one trace, or two to compare (A then B)")
+    t.add_argument("--json", action="store_true")
+    t.add_argument("--html", metavar="OUT.html", help="also write a self-contained HTML page")
+    t.add_argument("--no-warehouse", action="store_true", help="do not write the tables to the warehouse")
+    t.set_defaults(fn=cmd_trace)

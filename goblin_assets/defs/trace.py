@@ -1,0 +1,70 @@
+"""Recorded traces as an asset: one dynamic partition per trace file under ``$GOBLIN_TRACES``.
+
+Drop a Kineto trace (``.json``/``.json.gz``) or rocprofv3 output (JSON or
+``*_kernel_trace.csv``) into the folder; the sensor adds its partition, and
+materializing ``recorded_trace`` runs :func:`~goblin_assets.trace.analysis.analyze_trace`
+(the same driver as ``goblin trace``) and writes its tables through the
+warehouse resource.  Nothing here analyses anything itself.
+"""
+import os
+from pathlib import Path
+
+import dagster as dg
+
+from goblin_assets import REPO_ROOT
+from goblin_assets.defs.partitions import sync_partitions
+from goblin_assets.defs.resources import POOL, WarehouseResource
+
+traces_partitions = dg.DynamicPartitionsDefinition(name="traces")
+
+#: File names the sensor treats as traces.
+TRACE_SUFFIXES = (".json", ".json.gz", ".csv")
+
+
+def traces_root() -> Path:
+    """The folder of recorded traces: ``$GOBLIN_TRACES``, default ``traces/`` in the checkout."""
+    return Path(os.environ.get("GOBLIN_TRACES", REPO_ROOT / "traces")).resolve()
+
+
+def trace_names(root: Path | None = None) -> list[str]:
+    """Partition keys: each trace file's path under the traces root (``rank0.json.gz``, ``mi300x/run1.json``)."""
+    root = root or traces_root()
+    if not root.is_dir():
+        return []
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*")
+                  if p.is_file() and p.name.endswith(TRACE_SUFFIXES))
+
+
+@dg.sensor(minimum_interval_seconds=30, default_status=dg.DefaultSensorStatus.RUNNING)
+def trace_files_sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult:
+    """Add a partition for each new trace file, delete those whose file is gone."""
+    return sync_partitions(context, traces_partitions, trace_names())
+
+
+@dg.asset(group_name="traces", partitions_def=traces_partitions, pool=POOL, kinds={"duckdb"})
+def recorded_trace(context: dg.AssetExecutionContext, warehouse: WarehouseResource) -> dg.MaterializeResult:
+    """Every analysis of one recorded trace (``goblin trace``), written to the warehouse's ``trace_*`` tables,
+    plus the trace's RunMetrics rows (``runs``, ``waste_budget``, ``kernels``, provenance ``replayed``)."""
+    from goblin_assets.audit.ids import make_audit_id
+    from goblin_assets.trace.analysis import analyze_trace, trace_frames
+    from goblin_assets.trace.events import trace_stem
+
+    path = traces_root() / context.partition_key
+    try:
+        token = context.run.run_id
+    except dg.DagsterError:
+        token = None
+    rep = analyze_trace(path, trace_id=make_audit_id(f"trace-{trace_stem(path)}", token),
+                        progress=context.log.info)
+    meta = warehouse.write(trace_frames(rep))
+    worst = [f"{f.severity}: {f.message}" for f in rep.findings if f.severity != "ok"]
+    tb = rep.tables["temporal"]
+    return dg.MaterializeResult(metadata={
+        **meta, "trace_id": rep.trace_id, "device": rep.events.device_name or "not recorded",
+        "source_format": rep.events.source_format, "elapsed_s": dg.MetadataValue.float(rep.elapsed_s),
+        "findings": dg.MetadataValue.md("\n".join(f"- {w}" for w in worst) or "none above ok"),
+        "temporal": dg.MetadataValue.md(tb.to_markdown(index=False) if not tb.empty else "no device events"),
+    })
+
+
+TRACE_ASSETS = [recorded_trace]
