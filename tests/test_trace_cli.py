@@ -172,3 +172,14 @@ def test_the_audits_own_gpu_runs_go_through_the_same_analyses(tmp_path):
                                                                                    device="MI300X")}), "x") is None
     md = "\n".join(diff_markdown(rep, rep))
     assert "| gemm | 60.0 | 60.0 |" in md and "+0.0 pp" in md
+
+
+def test_h100_says_why_hta_cannot_compare(goblin_home, capsys):
+    """HTA fails its own assertion on the H100 trace: goblin trace says why, and its recorded row adds up."""
+    assert main(["trace", str(H100_QWEN), "--json", "--no-warehouse"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    why = [f for f in doc["findings"] if f["kind"] == "hta_cannot_compare"]
+    assert len(why) == 1 and why[0]["value"] < 0 and "assertion" in why[0]["message"]
+    rec = next(r for r in doc["tables"]["temporal"] if r["timing"] == "recorded")
+    assert rec["non_compute_time_us"] >= 0
+    assert rec["idle_time_pct"] + rec["compute_time_pct"] + rec["non_compute_time_pct"] == pytest.approx(100)

@@ -277,3 +277,19 @@ def test_whole_trace_analysed_fast(name):
     temporal_breakdown(ev), idle_breakdown(ev), kernel_breakdown(ev), top_kernels(ev, 10)
     launch_stats(ev), short_kernels(ev), launch_findings(ev)
     assert time.perf_counter() - t0 < 10
+
+
+@pytest.mark.parametrize("name", HTA_READS)
+def test_goblin_trace_output_agrees_with_hta(name, tmp_path_factory, capsys):
+    """What a user reads (``goblin trace --json``, timing ``hta_rounded``) is HTA's breakdown within 2 points."""
+    import json
+
+    from goblin_assets.cli import main
+
+    assert main(["trace", str(TRACES / name), "--json", "--no-warehouse"]) == 0
+    rows = json.loads(capsys.readouterr().out)["tables"]["temporal"]
+    mine = next(r for r in rows if r["timing"] == "hta_rounded")
+    theirs = hta(name, tmp_path_factory, True).get_temporal_breakdown(visualize=False).iloc[0]
+    assert abs(mine["idle_time_pct"] - theirs["idle_time_pctg"]) <= 2
+    assert abs(mine["compute_time_pct"] - theirs["compute_time_pctg"]) <= 2
+    assert {r["timing"] for r in rows} == {"recorded", "hta_rounded"}

@@ -59,6 +59,7 @@ def recorded_trace(context: dg.AssetExecutionContext, warehouse: WarehouseResour
     meta = warehouse.write(trace_frames(rep))
     worst = [f"{f.severity}: {f.message}" for f in rep.findings if f.severity != "ok"]
     tb = rep.tables["temporal"]
+    tb = tb[tb["timing"] == "recorded"] if len(tb) else tb
     return dg.MaterializeResult(metadata={
         **meta, "trace_id": rep.trace_id, "device": rep.events.device_name or "not recorded",
         "source_format": rep.events.source_format, "elapsed_s": dg.MetadataValue.float(rep.elapsed_s),

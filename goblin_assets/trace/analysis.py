@@ -6,7 +6,7 @@ and runs each analysis module on it, in this order:
 ==================  ===========================================================
 table               module / function
 ==================  ===========================================================
-temporal            :func:`~goblin_assets.trace.temporal.temporal_breakdown`
+temporal            :func:`~goblin_assets.trace.temporal.temporal_table` (recorded and HTA-rounded)
 idle                :func:`~goblin_assets.trace.idle.idle_breakdown`
 kernel_categories   :func:`~goblin_assets.trace.kernels.kernel_breakdown`
 launch              :func:`~goblin_assets.trace.launch.launch_stats`
@@ -41,7 +41,7 @@ from goblin_assets.trace.severity import Finding
 
 #: table name -> analysis (TraceEvents in, DataFrame out), in the order they run.
 ANALYSES: dict[str, Callable[[TraceEvents], pd.DataFrame]] = {
-    "temporal": temporal.temporal_breakdown,
+    "temporal": temporal.temporal_table,
     "idle": idle.idle_breakdown,
     "kernel_categories": kernels.kernel_breakdown,
     "launch": launch.launch_stats,
@@ -88,9 +88,21 @@ class TraceReport:
 
 def trace_findings(ev: TraceEvents, tables: dict[str, pd.DataFrame]) -> list[Finding]:
     """The graded findings of every analysis that grades (launch, idle, recompute, critical path, health), high first."""
-    found = [*launch.launch_findings(ev, tables), *recompute.recompute_findings(ev, tables["recompute"]),
+    tb = tables["temporal"]
+    recorded = {**tables, "temporal": tb[tb["timing"] == "recorded"].drop(columns="timing") if len(tb) else tb}
+    found = [*launch.launch_findings(ev, recorded), *recompute.recompute_findings(ev, tables["recompute"]),
              *critical_path.critical_path_findings(ev, tables["critical_path"], tables["sync_root_causes"]),
              *health.health_check(ev)]
+    rounded = tb[(tb["timing"] == "hta_rounded") & (tb["non_compute_time_us"] < 0)] if len(tb) else tb
+    for row in rounded.itertuples():
+        found.append(Finding(
+            analysis="temporal", kind="hta_cannot_compare", severity="ok", status="measured",
+            value=float(row.non_compute_time_us), unit="µs",
+            message=(f"device {row.device}: HTA's µs rounding (start ceiled, end floored) gives this trace's sub-µs "
+                     f"events zero or negative durations, so its non-compute time comes out at "
+                     f"{row.non_compute_time_us:.1f} µs and HTA's temporal breakdown fails its own assertion "
+                     f"(non_compute_time >= 0); the 'recorded' timing row is exact"),
+            threshold_source="HTA common/trace_parser.py round_down_time_stamps; breakdown_analysis.py assert"))
     idle = [f for f in found if f.kind == "gpu_idle"]
     busy = idle and all(f.severity == "ok" for f in idle)
     for f in found:

@@ -64,6 +64,7 @@ def _category_png(rep: TraceReport, diff: pd.DataFrame | None) -> bytes:
         axes[0].set_title("kernel time share by category (%)")
     axes[0].set_xlabel("% of kernel time (measured)")
     tb = rep.tables["temporal"]
+    tb = tb[tb["timing"] == "recorded"] if "timing" in tb.columns else tb
     if not tb.empty:
         row = tb.iloc[0]
         parts = {k.replace("_pct", ""): float(row[k]) for k in ("idle_time_pct", "compute_time_pct",

@@ -110,7 +110,7 @@ TABLES: dict[str, list[tuple[str, str, bool]]] = {
         ("flags_json", "VARCHAR", False), ("not_observable_json", "VARCHAR", False),
     ],
     "trace_temporal": [
-        ("trace_id", "VARCHAR", False), ("device", "BIGINT", True), ("idle_time_us", "DOUBLE", False),
+        ("trace_id", "VARCHAR", False), ("timing", "VARCHAR", False), ("device", "BIGINT", True), ("idle_time_us", "DOUBLE", False),
         ("compute_time_us", "DOUBLE", False), ("non_compute_time_us", "DOUBLE", False),
         ("kernel_time_us", "DOUBLE", False), ("idle_time_pct", "DOUBLE", True), ("compute_time_pct", "DOUBLE", True),
         ("non_compute_time_pct", "DOUBLE", True),
