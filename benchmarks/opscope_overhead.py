@@ -22,6 +22,17 @@ alternating within each repeat so that machine drift hits every arm alike:
   fused kernel on the CPU: what it adds over ``injected_linear`` is the
   per-op host copies and the weights sketched on every call; on an
   accelerator each host copy is also a synchronisation);
+* ``hooks_naive``: forward hooks as users write them, the anchor of the
+  comparison (:func:`naive_hook_stats`): on every linear's input, weight and
+  output, plain torch ops (``min``, ``max``, ``mean``, ``abs().sum()``,
+  ``pow(2).sum()``, ``(x != 0).sum()``, ``torch.histc`` over 32 bins,
+  per-channel ``abs().amax``, per-position ``pow(2).sum(-1)``), each read
+  back to the host (``.item()`` / ``.cpu()``), no fused kernel;
+* ``one_read`` and ``one_read_linear``: the injected graphs with every sketch
+  node replaced by one read of its tensor (a ``sum``), each tensor once
+  (:func:`one_read_graph`): the floor of any recorder that reads each tapped
+  activation after the op that wrote it, measured in the same pairs as the
+  recorded arms;
 * ``histogram_observer``: ``torch.ao.quantization.HistogramObserver`` on every
   linear's input and output (hooks);
 * ``sampled``: the recorder with ``every=k`` (one step in k recorded, the
@@ -31,8 +42,9 @@ alternating within each repeat so that machine drift hits every arm alike:
 * ``compiled`` (``--compile``): ``torch.compile`` of the injected graph, which
   fuses the reductions; compile time reported separately.
 
-The headline ratios are *paired*: ``--pairs`` times, ``plain``, ``injected``
-and ``injected_linear`` run back to back (the order alternating), each
+The headline ratios are *paired*: ``--pairs`` times, ``plain``, ``injected``,
+``injected_linear``, ``one_read`` and ``one_read_linear`` run back to back
+(the order alternating), each
 recorded time is divided by its own ``plain`` time, and the median and
 quartiles of those ratios are reported (``paired``).  On a shared machine the
 speed drifts by tens of percent within minutes (measured: plain forwards of
@@ -57,13 +69,32 @@ CPU seconds (``time.process_time``): on a shared machine a busy neighbour
 stretches wall time but not the CPU time this process spends, so with
 ``--threads 1`` the CPU-time ratio is the steadier estimate (with more
 threads it also counts OpenMP workers spinning, so read the wall ratio).
-Reference numbers from planning (``docs/measured_facts.md``): hooks
-3.55x, HistogramObserver 2.24x, the one-read limit about 1.09x.  Source:
-measured.
+Memory: the recorder's packed buffer per forward, its weight sketches, the
+kernel's reused scratch and the row templates
+(:meth:`goblin_assets.opscope.inject.Recorder.memory`): every part is fixed
+by the graph's layout, so the recorder's memory is bounded.
+
+Measured (2026-12-01, this 2-core AMD EPYC VM, ``--threads 1``, the
+defaults; ``docs/measured_facts.md``): quiet machine (plain forward 0.96 s, code
+before the flush fast path and the new arms): paired medians injected 1.060x,
+injected_linear 1.033x, sampled every 10 1.007x (best) / 1.008x (totals),
+hooks (fused) 1.05x, HistogramObserver 1.63x.  After, on the same machine
+under other users' load (load average 3.4 on 2 cores, plain 1.4-1.65 s,
+wide quartiles): injected 1.079x, injected_linear 1.086x, one_read 1.084x,
+one_read_linear 1.054x (the sketches sit at the one-read floor within this
+run's noise), sampled 0.998x (best) / 1.014x (totals), an unrecorded step
+0.999x; hooks_naive 1.65x best, 2.27x median (CPU time 2.29x),
+HistogramObserver 1.42x best (CPU 1.61x).  Memory per recorded step (all 55
+sites): 777.6 kB packed + 338.3 kB weight sketches = 1.12 MB; kernel scratch
+0.92 MB, row templates 16.1 MB once, 150,962 rows per step.
+Planning references (``docs/measured_facts.md``, a slower run of the same
+machine class): hooks 3.55x, HistogramObserver 2.24x, the one-read limit
+about 1.09x.  Source: measured.
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import ctypes
 import json
 import os
@@ -74,6 +105,7 @@ import time
 import torch
 
 from goblin_assets.opscope import ckernel
+from goblin_assets.opscope import inject as _inject
 from goblin_assets.opscope.drivers import load_minilm, minilm_batches
 from goblin_assets.opscope.inject import Recorder, SiteFilter, inject_matmul_stats
 from goblin_assets.opscope.sketches import sketch_vector
@@ -93,6 +125,54 @@ def _hooked(model: torch.nn.Module, per_op) -> list:
     """Forward hooks on every nn.Linear calling ``per_op(module, input, output)``; returns the handles."""
     return [m.register_forward_hook(lambda mod, args, out: per_op(mod, args[0], out))
             for m in model.modules() if isinstance(m, torch.nn.Linear)]
+
+
+def naive_hook_stats(t: torch.Tensor, sink: list) -> None:
+    """The sketch set as a user writes it in a forward hook: plain torch ops, each read back to the host.
+
+    min, max, mean, L1, sum of squares, non-zero count (one ``.item()``
+    each), then a 32-bin ``torch.histc`` over ``[-max|x|, max|x|]``, the
+    per-channel ``abs().amax`` and the per-position sum of squares (one
+    ``.cpu()`` each): no fused kernel, every statistic its own pass(es).
+    """
+    t = t.detach()
+    absmax = t.abs().max().item()
+    sink.extend((t.min().item(), t.max().item(), t.mean().item(), t.abs().sum().item(), t.pow(2).sum().item(),
+                 (t != 0).sum().item()))
+    sink.append(torch.histc(t, bins=32, min=-absmax, max=absmax).cpu())
+    sink.append(t.abs().amax(dim=tuple(range(t.dim() - 1))).cpu() if t.dim() > 1 else t.abs().cpu())
+    sink.append(t.pow(2).sum(-1).cpu())
+
+
+def _read_once_into(x, buf: torch.Tensor, offset: int, **kw) -> None:
+    """One read of ``x`` (its sum), written to ``buf[offset]``: the floor of any sketch of ``x``."""
+    if isinstance(x, torch.Tensor):
+        buf.narrow(0, offset, 1).copy_(x.detach().sum().reshape(1))
+
+
+def _nothing(*args, **kw) -> None:
+    return None
+
+
+def one_read_graph(inj) -> torch.fx.GraphModule:
+    """The injected graph with every sketch node replaced by one read of its tensor (a sum), each tensor once.
+
+    What any recorder must pay at least on the CPU: each tapped activation
+    read once more after the op that wrote it (same positions in the graph,
+    same packed buffer, same outputs).
+    """
+    graph = torch.fx.Graph()
+    graph.output(graph.graph_copy(inj.module.graph, {}))
+    graph._codegen = copy.copy(inj.module.graph._codegen)     # the exported module's input spec
+    seen = set()
+    for node in graph.nodes:
+        if node.op == "call_function" and node.target in (_inject._sketch_into, _inject._probs_into,
+                                                          _inject._route_into):
+            src = node.args[0]
+            node.target = _nothing if src in seen else _read_once_into
+            seen.add(src)
+    graph.lint()
+    return torch.fx.GraphModule(inj.module, graph)
 
 
 def measure_overhead(batch: int = 32, seq_len: int = 128, repeats: int = 3, every: int = 10,
@@ -120,11 +200,16 @@ def measure_overhead(batch: int = 32, seq_len: int = 128, repeats: int = 3, ever
     log(f"injected {len(inj.sites)} sites in {time.perf_counter() - t0:.1f} s (export + gate); gate {inj.gate}")
     inj_lin = inject_matmul_stats(model, (ids,), {"attention_mask": mask}, site_filter=SiteFilter(exclude=":"))
     rec, rec_lin = Recorder(inj), Recorder(inj_lin)
+    read_all, read_lin = one_read_graph(inj), one_read_graph(inj_lin)
     sink: list = []
 
     def per_op_to_host(mod, x, out):
         for t in (x, mod.weight, out):
             sink.append(sketch_vector(t).tolist())      # one host copy per tensor per op
+
+    def per_op_naive(mod, x, out):
+        for t in (x, mod.weight, out):
+            naive_hook_stats(t, sink)                   # torch ops, one host copy per op
 
     observers: dict = {}
 
@@ -158,7 +243,10 @@ def measure_overhead(batch: int = 32, seq_len: int = 128, repeats: int = 3, ever
         "injected": lambda: step(rec, "injected"),
         "injected_linear": lambda: step(rec_lin, "injected_linear"),
         "injected_torch_ops": lambda: torch_ops(lambda: step(rec, "injected")),
+        "one_read": lambda: read_all(ids, attention_mask=mask),
+        "one_read_linear": lambda: read_lin(ids, attention_mask=mask),
         "hooks": None,
+        "hooks_naive": None,
         "histogram_observer": None,
     }
     times: dict[str, list[float]] = {k: [] for k in arms}
@@ -172,6 +260,8 @@ def measure_overhead(batch: int = 32, seq_len: int = 128, repeats: int = 3, ever
                 fn, handles = arms[arm], []
                 if arm == "hooks":
                     handles, fn = _hooked(model, per_op_to_host), arms["eager"]
+                elif arm == "hooks_naive":
+                    handles, fn = _hooked(model, per_op_naive), arms["eager"]
                 elif arm == "histogram_observer":
                     handles, fn = _hooked(model, per_op_observer), arms["eager"]
                 t, c = time.perf_counter(), time.process_time()
@@ -183,9 +273,10 @@ def measure_overhead(batch: int = 32, seq_len: int = 128, repeats: int = 3, ever
                 sink.clear()
             log(f"repeat {rep + 1}/{repeats}: " + ", ".join(f"{k} {v[-1]:.2f}s" for k, v in times.items()))
         # paired: plain and the two recorded arms back to back, each ratio against its own plain time
-        ratios: dict[str, list[float]] = {"injected": [], "injected_linear": []}
+        ratios: dict[str, list[float]] = {"injected": [], "injected_linear": [], "one_read": [],
+                                          "one_read_linear": []}
         for i in range(pairs):
-            seq = ["plain", "injected", "injected_linear"]
+            seq = ["plain", "injected", "injected_linear", "one_read", "one_read_linear"]
             t_of, faults = {}, {}
             for arm in (seq if i % 2 == 0 else seq[::-1]):
                 f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -195,8 +286,8 @@ def measure_overhead(batch: int = 32, seq_len: int = 128, repeats: int = 3, ever
                 faults[arm] = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
             for arm in ratios:
                 ratios[arm].append(t_of[arm] / t_of["plain"])
-            log(f"pair {i + 1}/{pairs}: plain {t_of['plain']:.2f}s, injected {ratios['injected'][-1]:.3f}x, "
-                f"injected_linear {ratios['injected_linear'][-1]:.3f}x; minor faults "
+            log(f"pair {i + 1}/{pairs}: plain {t_of['plain']:.2f}s, "
+                + ", ".join(f"{k} {v[-1]:.3f}x" for k, v in ratios.items()) + "; minor faults "
                 + " ".join(f"{k} {v}" for k, v in faults.items()))
         paired = {arm: dict(zip(("q1", "median", "q3"), statistics.quantiles(v, n=4))) if len(v) > 1
                   else {"q1": v[0], "median": v[0], "q3": v[0]} for arm, v in ratios.items() if v}
@@ -214,7 +305,9 @@ def measure_overhead(batch: int = 32, seq_len: int = 128, repeats: int = 3, ever
             (rec_t if recording else unrec_t).append(time.perf_counter() - t)
         out: dict = {"paired": paired, "pairs": pairs, "kernel": ckernel.path() if ckernel.lib() else None,
                      "sampled_total_ratio": (sum(rec_t) + sum(unrec_t)) / sum(plain_t),
-                     "sampled_best_ratio": (min(rec_t) + (every - 1) * min(unrec_t)) / (every * min(plain_t))}
+                     "sampled_best_ratio": (min(rec_t) + (every - 1) * min(unrec_t)) / (every * min(plain_t)),
+                     "sampled_unrecorded_ratio": statistics.median(unrec_t) / statistics.median(plain_t),
+                     "memory": rec.memory(), "memory_linear": rec_lin.memory()}
         if compile_graph:
             cm = torch.compile(inj.module)
             t = time.perf_counter()
@@ -276,7 +369,20 @@ def main() -> int:
         print(f"  {arm:20s} paired over {r['pairs']} back-to-back pairs: median {q['median']:.3f}x plain "
               f"(quartiles {q['q1']:.3f}-{q['q3']:.3f})")
     print(f"  sampled recorder, every {r['every']}: {r['sampled_best_ratio']:.3f}x plain from the best recorded, "
-          f"unrecorded and plain step times; {r['sampled_total_ratio']:.3f}x from the totals of {2 * r['every']} steps")
+          f"unrecorded and plain step times; {r['sampled_total_ratio']:.3f}x from the totals of {2 * r['every']} steps; "
+          f"an unrecorded step {r['sampled_unrecorded_ratio']:.3f}x plain (medians)")
+    p = r["paired"]
+    if "one_read" in p and "one_read_linear" in p:
+        print(f"  one-extra-read limit (each tapped tensor read once more, paired medians): "
+              f"{p['one_read_linear']['median']:.3f}x linear sites, {p['one_read']['median']:.3f}x all sites; "
+              f"the full sketch set is {p['injected_linear']['median'] / p['one_read_linear']['median']:.3f}x and "
+              f"{p['injected']['median'] / p['one_read']['median']:.3f}x that")
+    for key, label in (("memory", "all sites"), ("memory_linear", "linear sites")):
+        m = r[key]
+        print(f"  recorder memory, {label}: packed buffer {m['packed_per_forward'] / 1e3:.1f} kB per forward + "
+              f"weight sketches {m['weights'] / 1e3:.1f} kB = {m['per_step'] / 1e3:.1f} kB per recorded step "
+              f"(fixed by the layout); kernel scratch {m['scratch'] / 1e6:.2f} MB (reused); row templates "
+              f"{m['templates'] / 1e6:.1f} MB (once); {m['rows_per_step']:,} rows per step")
     if "compile_s" in r:
         print(f"  torch.compile of the injected graph: {r['compile_s']:.1f} s")
     return 0

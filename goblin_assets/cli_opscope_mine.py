@@ -5,7 +5,7 @@
     goblin opscope probes   [--run-id ID] [--file TENSORS.safetensors] [--dump PATH] [--json]   (alias: probe)
     goblin opscope roofline [--run-id ID] [--trace TRACE.json] [--json]                       (alias: shapes)
     goblin opscope dataflow [FILE] [--run-id ID] [--json]                                     (aliases: flow, graph)
-    goblin opscope plan     [--run-id ID] [--no-measure] [--json]
+    goblin opscope plan     [--run-id ID] [--no-measure] [--e2e] [--json]
 
 Each verb calls the function of the same name in
 :mod:`goblin_assets.opscope.mining` (the driver the Dagster mining assets
@@ -114,7 +114,7 @@ def _dataflow(args) -> mining.Mined:
 def _plan(args) -> mining.Mined:
     from goblin_assets.warehouse.db import query
 
-    return mining.plan(query, args.run_id, measure=not args.no_measure, log=_log)
+    return mining.plan(query, args.run_id, measure=not args.no_measure, log=_log, e2e=args.e2e)
 
 
 def _options(verb: str, p: argparse.ArgumentParser) -> None:
@@ -132,6 +132,9 @@ def _options(verb: str, p: argparse.ArgumentParser) -> None:
                        help="edge-list graph file (see goblin_assets.opscope.dataflow; default: MiniLM's graph)")
     elif verb == "plan":
         p.add_argument("--no-measure", action="store_true", help="estimates only (no A/B micro-benchmarks)")
+        p.add_argument("--e2e", action="store_true",
+                       help="also time each kept candidate on the whole forward (and a training step where it "
+                            "applies) of the packaged workload's model, with a 95%% interval (slow: ~30 s each)")
 
 
 #: Canonical verb (= the driver function's name) -> (old names kept as aliases, help, arguments -> Mined).

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
@@ -244,3 +245,42 @@ def test_topk_routing_expert_load():
     assert load.stat.unique().tolist() == ["expert_load"] and load.value.sum() == pytest.approx(1.0)
     np.testing.assert_allclose(load.value.to_numpy(), torch.bincount(idx.reshape(-1), minlength=4).numpy() / 64)
     assert (load.M.iat[0], load.K.iat[0], load.N.iat[0]) == (32, 2, 4)
+
+
+def test_one_forward_flush_is_the_general_path_frame_and_unrecorded_steps_are_empty(toy, injected):
+    """The laid-out-once fast path of flush gives the same frame as the general path (same columns, dtypes, order)."""
+    _, x = toy
+    rec = Recorder(injected, every=2)
+    rec(x)
+    fast = rec.flush()
+    rec.step = 0                                   # record again, through the general path this time
+    rec(x)
+    length = injected.weight_length
+    injected.weight_length = -1                    # disables the fast path for this flush
+    try:
+        slow = rec.flush()
+    finally:
+        injected.weight_length = length
+    pd.testing.assert_frame_equal(fast, slow)
+    fast.loc[:, "idx"] = -7                        # a caller editing its frame never edits the next step's
+    rec.step = 2
+    rec._one = inject_mod._one_call_columns(*rec._templates, injected.weight_length)
+    rec(x)
+    again = rec.flush()
+    assert (again["idx"].to_numpy() == slow["idx"].to_numpy()).all()
+    rec(x)                                         # step 3: not recorded
+    empty = rec.flush()
+    assert len(empty) == 0 and list(empty.columns) == list(slow.columns) and rec.readbacks == 3
+
+
+def test_recorder_memory_is_fixed_by_the_layout(toy, injected):
+    _, x = toy
+    rec = Recorder(injected)
+    rec(x)
+    rows = rec.flush()
+    m = rec.memory()
+    assert m["packed_per_forward"] == 8 * injected.packed_length
+    assert m["weights"] == 8 * injected.weight_length
+    assert m["per_step"] == m["packed_per_forward"] + m["weights"]
+    assert m["rows_per_step"] == len(rows)
+    assert m["scratch"] >= 0 and m["templates"] > 0

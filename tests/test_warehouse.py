@@ -164,7 +164,8 @@ def test_text_builds_arrow_strings():
 
 
 def test_non_finite_sketch_values_are_data(tmp_path):
-    """sketches.value: NaN is written as NULL (the schema says the column is nullable), ±inf as itself."""
+    """sketches.value: NaN reads as NULL (the schema says the column is nullable), ±inf as itself; the stored
+    lists behind the view (sketch_stats) keep the NaN itself."""
     import numpy as np
 
     from goblin_assets.warehouse.tables import NAN_AS_NULL, column_type, relax_not_null
@@ -176,6 +177,8 @@ def test_non_finite_sketch_values_are_data(tmp_path):
     back = query("SELECT value, value IS NULL AS is_null FROM sketches", db)
     assert back.is_null.tolist() == [False, True, False, False, False, True]
     assert back.value.iloc[2] == np.inf and back.value.iloc[3] == -np.inf
+    stored = query("SELECT list_count(list_filter(value, lambda v: isnan(v))) AS nan FROM sketch_stats", db)
+    assert stored.nan.sum() == 2
     assert ("sketches", "value") in NAN_AS_NULL and column_type("sketches", "value") == ("DOUBLE", True)
     # a warehouse created while the column was NOT NULL: the constraint is dropped, the rows kept
     old = tmp_path / "old.duckdb"

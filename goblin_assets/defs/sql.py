@@ -5,6 +5,10 @@ import dagster as dg
 
 from goblin_assets.defs.resources import POOL, WarehouseResource
 from goblin_assets.warehouse.sql_models import SqlModel, build_model, load_models
+from goblin_assets.warehouse.storage import STORED_AS
+
+#: Physical table -> the tidy table it stores (``sketch_stats`` -> ``sketches``; warehouse/storage.py).
+STORES: dict[str, str] = {phys: tidy for tidy, phys in STORED_AS.items()}
 
 #: Which assets write each warehouse table (the SQL's table names map to these); every table of
 #: ``warehouse.tables.TABLES`` has its writers here (tests/test_sql_models.py checks it).
@@ -36,6 +40,7 @@ TABLE_PRODUCERS: dict[str, list[str]] = {
 def _deps(model: SqlModel, names: set[str]) -> list[dg.AssetKey]:
     keys: set[str] = set()
     for table in model.upstream:
+        table = STORES.get(table, table)   # a physical table (sketch_stats) is written by its tidy table's writers
         keys.update([table] if table in names else TABLE_PRODUCERS.get(table, []))
     return [dg.AssetKey(k) for k in sorted(keys)]
 

@@ -62,6 +62,12 @@ def scratch(n: int, dtype: torch.dtype = torch.float32, slot: str = "rows") -> t
     return buf[:n]
 
 
+def scratch_bytes() -> int:
+    """Bytes of this thread's :func:`scratch` buffers (bounded: each is the largest request so far, reused)."""
+    bufs = getattr(_local, "bufs", None) or {}
+    return int(sum(b.numel() * b.element_size() for b in bufs.values()))
+
+
 def path() -> str | None:
     """File of the built kernel library, or None when it was not built."""
     spec = importlib.util.find_spec("goblin_assets.opscope._sketch")

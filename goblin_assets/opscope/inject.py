@@ -653,7 +653,10 @@ class Recorder:
     transfer, and the step's rows are returned (columns :data:`ROW_COLUMNS`).
     A second forward in the same step gets site names ``site#1``, ``site#2``.
     With ``every=k`` only steps 0, k, 2k, ... are recorded; the others run the
-    plain graph (no taps at all).
+    plain graph (no taps at all) and their ``flush`` returns an empty frame
+    (no read-back, no row building).  The rows of a one-forward step are
+    laid out once per recorder (only the values and the step are new per
+    step); :meth:`memory` states the bytes the recorder holds.
 
     Units: ``readbacks`` counts device-to-host transfers (one per recorded step).
     """
@@ -668,6 +671,8 @@ class Recorder:
         self._pending: list[torch.Tensor] = []
         self._weights: torch.Tensor | None = None
         self._templates = _templates(injected)
+        self._one = _one_call_columns(*self._templates, injected.weight_length)
+        self._empty = self._templates[1].iloc[:0].assign(value=0.0, step=0)[ROW_COLUMNS]
 
     @property
     def recording(self) -> bool:
@@ -687,12 +692,18 @@ class Recorder:
         """End the step; the step's rows (empty when the step was not recorded)."""
         step, self.step = self.step, self.step + 1
         if self._weights is None and not self._pending:
-            return self._templates[1].iloc[:0].assign(value=0.0, step=step)[ROW_COLUMNS]
+            return self._empty.copy()       # an unrecorded step: no Python work beyond this
         w = self._weights if self._weights is not None else self.injected.weight_vector()
         vals = torch.cat([w.to(self._pending[0].device) if self._pending else w] + self._pending).cpu().numpy()
         self.readbacks += 1
         n_calls = len(self._pending)
         self._pending, self._weights = [], None
+        if n_calls == 1 and len(w) == self.injected.weight_length:
+            # the common step (one forward): the rows' columns were laid out once, only the values are new
+            cols, pos = self._one
+            n = len(pos)
+            return pd.DataFrame({"step": np.full(n, step, dtype=np.int64), **{k: c() for k, c in cols.items()},
+                                 "value": vals[pos]}, columns=ROW_COLUMNS, copy=False)
         wt, gt = self._templates
         frames = []
         if len(wt):
@@ -707,6 +718,51 @@ class Recorder:
         df = pd.concat(frames, ignore_index=True) if frames else self._templates[1].iloc[:0].assign(value=0.0)
         df["step"] = step
         return df[ROW_COLUMNS]
+
+    def memory(self) -> dict[str, int]:
+        """Bytes the recorder holds, by part; every part is fixed by the graph's layout (bounded).
+
+        ``packed_per_forward``: the float64 vector one recorded forward fills
+        (``packed_length`` values); ``weights``: the weight sketches (computed
+        once per step, cached while the weights do not change); ``per_step``:
+        what a recorded step with one forward holds until :meth:`flush`
+        (``packed_per_forward + weights``; each further forward in the step
+        adds ``packed_per_forward``); ``scratch``: the fused kernel's work
+        buffers of this thread (:func:`goblin_assets.opscope.ckernel.scratch_bytes`;
+        sized by the largest tensor sketched so far, reused); ``templates``:
+        the row templates (host, built once); ``rows_per_step``: the number of
+        rows :meth:`flush` returns for a one-forward step.  Units: bytes
+        (``rows_per_step``: rows).  Unrecorded steps hold nothing.
+        """
+        from goblin_assets.opscope import ckernel
+
+        packed = 8 * self.injected.packed_length
+        weights = 8 * self.injected.weight_length
+        tmpl = sum(int(t.memory_usage(deep=True).sum()) for t in self._templates)
+        return {"packed_per_forward": packed, "weights": weights, "per_step": packed + weights,
+                "scratch": ckernel.scratch_bytes(), "templates": tmpl, "rows_per_step": len(self._one[1])}
+
+
+def _one_call_columns(wt: pd.DataFrame, gt: pd.DataFrame, weight_length: int) -> tuple[dict, np.ndarray]:
+    """The columns of a one-forward step's rows but ``step`` and ``value``, laid out once per recorder.
+
+    Returns ``({column: () -> array}, pos)``: each column's maker gives a fresh
+    array for the step's frame (numbers copied, so that a caller editing its
+    frame never edits the template; the Arrow text columns are immutable and
+    shared), ``pos`` the position of each row's value in the step's
+    read-back vector (weight sketches first, then the forward's packed
+    vector).  Rows in the order of the general path (weights, then the
+    graph's taps).
+    """
+    both = pd.concat([wt, gt], ignore_index=True)
+    pos = np.concatenate([wt["pos"].to_numpy(dtype=np.int64), weight_length + gt["pos"].to_numpy(dtype=np.int64)])
+    cols: dict = {}
+    for k in ROW_COLUMNS:
+        if k in ("step", "value"):
+            continue
+        arr = both[k].array if k in ("site", "role", "stat") else both[k].to_numpy()
+        cols[k] = (lambda a=arr: a) if k in ("site", "role", "stat") else (lambda a=arr: a.copy())
+    return cols, pos
 
 
 def _templates(inj: InjectedModel) -> tuple[pd.DataFrame, pd.DataFrame]:

@@ -41,6 +41,7 @@ from pathlib import Path
 import pandas as pd
 
 from goblin_assets.errors import GoblinError
+from goblin_assets.warehouse.storage import STORED_AS
 from goblin_assets.warehouse.tables import columns
 
 #: ``query(sql, params=[...])``: run SQL with ``?`` placeholders on the warehouse, rows as a DataFrame.
@@ -110,7 +111,8 @@ def latest_run(query: Query, table: str, where: str = "TRUE", params: Sequence |
     The newest ``runs.created_at`` of the run when ``runs`` knows its id;
     runs that ``runs`` does not know (opscope recordings, audit sketch runs)
     come after those, by their newest insertion into ``table`` (DuckDB
-    ``rowid``).  ``where`` is trusted SQL written here (``?`` placeholders
+    ``rowid`` of the table that stores it: ``sketch_stats`` for the view
+    ``sketches``).  ``where`` is trusted SQL written here (``?`` placeholders
     bound to ``params``), never user input.
 
     Raises
@@ -118,8 +120,9 @@ def latest_run(query: Query, table: str, where: str = "TRUE", params: Sequence |
     MiningInputError
         ``table`` has no rows matching ``where``.
     """
+    stored = STORED_AS.get(table, table)   # a view (sketches over sketch_stats) has no rowid: its stored table's
     df = query(f"""
-        WITH t AS (SELECT run_id, max(rowid) AS last_row FROM "{table}" WHERE {where} GROUP BY run_id)
+        WITH t AS (SELECT run_id, max(rowid) AS last_row FROM "{stored}" WHERE {where} GROUP BY run_id)
         SELECT t.run_id FROM t LEFT JOIN (SELECT run_id, max(created_at) AS created_at FROM runs GROUP BY run_id) r
         USING (run_id) ORDER BY r.created_at DESC NULLS LAST, t.last_row DESC LIMIT 1""", params=list(params or []))
     if df.empty:
@@ -236,12 +239,19 @@ def infer(query: Query, run_ids: str | Sequence[str] | None = None, token: str |
 
 
 def plan(query: Query, run_ids: str | Sequence[str] | None = None, measure: bool = True,
-         log: Log | None = None) -> Mined:
+         log: Log | None = None, e2e: bool = False) -> Mined:
     """The actuation plan of recorded matmul sketches: exploit, guard, guard stability, speedups per site.
 
     Mines the runs' sketches (:func:`mine`'s rules), then plans each finding
     with an exploit (:func:`goblin_assets.opscope.plan.plan`); ``measure``
     runs the A/B micro-benchmarks (median of repeats; False: estimates only).
+    ``e2e`` (with ``measure``): the kept candidates of runs of a packaged
+    workload with an end-to-end model (``digits_mlp``, ``minilm_lora_cls``:
+    :func:`goblin_assets.opscope.plan.workload_target`, built at its
+    initial weights on its own data, sites resolved by name) are also timed on
+    the whole forward and a training step
+    (:func:`goblin_assets.opscope.plan.measure_e2e`), into ``evidence_json``;
+    other runs' rows say why not.
 
     Raises
     ------
@@ -256,9 +266,29 @@ def plan(query: Query, run_ids: str | Sequence[str] | None = None, measure: bool
     _say(log, f"plan: {len(found)} findings over {found['site'].nunique()} sites of {', '.join(ids)}; "
               + ("guards and A/B micro-benchmarks (median of repeats) next" if measure else "estimates only"))
     pl = plan_sites(found, sk, measure=measure)
+    if e2e and measure and not pl.empty:
+        pl = _plan_e2e(pl, sk, log)
     pat = plan_findings(pl)
     _say(log, f"plan: {len(pl)} sites planned, {int(pl['measured_speedup'].notna().sum())} measured")
     return Mined("plan", ids, pat, {"plan": pl, "patterns": pat}, source)
+
+
+def _plan_e2e(pl: pd.DataFrame, sk: pd.DataFrame, log: Log | None) -> pd.DataFrame:
+    """:func:`plan`'s end-to-end step, per run: the workload's model when there is one, else a reason per row."""
+    from goblin_assets.opscope.plan import measure_e2e, workload_target
+
+    parts = []
+    for (run_id, workload), rows in pl.groupby(["run_id", "workload"], sort=False):
+        if workload not in ("digits_mlp", "minilm_lora_cls"):
+            reason = f"no end-to-end model for workload {workload!r} (known: digits_mlp, minilm_lora_cls)"
+            rows = rows.assign(evidence_json=[json.dumps({**json.loads(e), "e2e_not_measured": reason})
+                                              for e in rows["evidence_json"]])
+            parts.append(rows)
+            continue
+        _say(log, f"plan: {run_id}: timing the kept candidates on the {workload} forward and training step")
+        done, _ = measure_e2e(rows, workload_target(workload), sk[sk["run_id"] == run_id], log=log)
+        parts.append(done)
+    return pd.concat(parts).loc[pl.index]
 
 
 def roofline(query: Query, run_id: str | None = None, trace: str | Path | None = None, token: str | None = None,

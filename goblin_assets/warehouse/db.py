@@ -13,8 +13,9 @@ import pyarrow as pa
 
 from goblin_assets import warehouse_path
 from goblin_assets.errors import WarehouseError
+from goblin_assets.warehouse import storage
 from goblin_assets.warehouse.tables import (
-    ADDED_COLUMNS, RENAMED_COLUMNS, TABLES, column_type, columns, ddl, dtypes, relax_not_null, schema,
+    ADDED_COLUMNS, RENAMED_COLUMNS, TABLES, column_type, ddl, dtypes, relax_not_null, schema,
 )
 
 
@@ -69,16 +70,29 @@ def ensure_tables(con: duckdb.DuckDBPyConnection) -> None:
     (:data:`~goblin_assets.warehouse.tables.ADDED_COLUMNS`) gains it (``ALTER TABLE ... ADD COLUMN``,
     NULL in the rows already there), so its columns stay in declaration order.  A column that now
     takes NULL for a NaN (:data:`~goblin_assets.warehouse.tables.NAN_AS_NULL`) loses an old NOT NULL.
+    A table stored in another layout (:data:`goblin_assets.warehouse.storage.STORED_AS`: ``sketches``
+    as per-tensor lists in ``sketch_stats``) gets its physical table and the view under its own name;
+    a warehouse that still has it as a physical tidy table is migrated in place, rows kept
+    (:func:`goblin_assets.warehouse.storage.migrate`).
+
+    Raises
+    ------
+    WarehouseError
+        The migration of an old tidy table failed (rolled back: the old table is left as it was).
     """
+    kinds = dict(con.execute("SELECT table_name, table_type FROM information_schema.tables "
+                             "WHERE table_schema = current_schema()").fetchall())
     have: dict[str, set[str]] = {}
     not_null: set[tuple[str, str]] = set()
     for table, col, nullable in con.execute("SELECT table_name, column_name, is_nullable FROM "
                                             "information_schema.columns WHERE table_schema = current_schema()"
                                             ).fetchall():
+        if kinds.get(table) != "BASE TABLE":       # views (the stored-as tables' tidy names) have nothing to alter
+            continue
         have.setdefault(table, set()).add(col)
         if nullable == "NO":
             not_null.add((table, col))
-    for sql in relax_not_null(not_null):  # columns that now hold NaN as NULL (sketches.value)
+    for sql in relax_not_null(not_null):  # columns that now hold NaN as NULL (an old tidy sketches.value)
         con.execute(sql)
     for table, old, new in RENAMED_COLUMNS:
         cols = have.get(table, set())
@@ -90,8 +104,20 @@ def ensure_tables(con: duckdb.DuckDBPyConnection) -> None:
             con.execute(f'ALTER TABLE "{table}" ADD COLUMN "{col}" {column_type(table, col)[0]}')
             cols.add(col)
     for t in TABLES:
-        if t not in have:
-            con.execute(ddl(t))
+        phys = storage.STORED_AS.get(t)
+        if phys is None:
+            if t not in kinds:
+                con.execute(ddl(t))
+        elif kinds.get(t) == "BASE TABLE":         # the tidy table of a warehouse from before the list layout
+            try:
+                storage.migrate(con, t)
+            except Exception as exc:
+                raise WarehouseError(f"migrating table {t} to {phys} failed (rolled back): {exc}") from None
+        else:
+            if phys not in kinds:
+                con.execute(storage.physical_ddl(phys))
+            if t not in kinds:
+                con.execute(storage.view_sql(t))
 
 
 def validate(table: str, df: pd.DataFrame) -> pd.DataFrame:
@@ -125,12 +151,16 @@ def validate(table: str, df: pd.DataFrame) -> pd.DataFrame:
 def write_frames(con: duckdb.DuckDBPyConnection, frames: dict[str, pd.DataFrame]) -> dict[str, int]:
     """Validate every frame, then insert them all through Arrow in one transaction.
 
-    Either every frame's rows land or none do (a failure rolls back).
+    Either every frame's rows land or none do (a failure rolls back).  A table
+    stored in another layout (:data:`goblin_assets.warehouse.storage.STORED_AS`:
+    ``sketches``) is validated tidy, as its producers build it, and converted
+    after validation (:func:`goblin_assets.warehouse.storage.to_physical`).
 
     Returns
     -------
     dict
-        Rows written per table.
+        Rows written per table (tidy rows: what ``SELECT count(*)`` on the table
+        or view returns for them).
 
     Raises
     ------
@@ -146,10 +176,13 @@ def write_frames(con: duckdb.DuckDBPyConnection, frames: dict[str, pd.DataFrame]
             if df.empty:
                 counts[t] = 0
                 continue
-            arrow = pa.Table.from_pandas(df, preserve_index=False)   # validated: the table's columns, in order
+            if t in storage.STORED_AS:
+                target, arrow = storage.to_physical(t, df)
+            else:   # validated: the table's columns, in order
+                target, arrow = t, pa.Table.from_pandas(df, preserve_index=False)
             con.register("_goblin_ingest", arrow)
-            cols = ", ".join(f'"{c}"' for c in columns(t))
-            con.execute(f'INSERT INTO "{t}" ({cols}) SELECT {cols} FROM _goblin_ingest')
+            cols = ", ".join(f'"{c}"' for c in arrow.column_names)
+            con.execute(f'INSERT INTO "{target}" ({cols}) SELECT {cols} FROM _goblin_ingest')
             con.unregister("_goblin_ingest")
             counts[t] = len(df)
         con.execute("COMMIT")

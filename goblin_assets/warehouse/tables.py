@@ -12,6 +12,14 @@ an Arrow string column is checked by its dtype, checked with Arrow kernels
 ``benchmarks/ingest_rate.py``).  Writers that build large frames emit
 :data:`TEXT` columns directly (:func:`goblin_assets.warehouse.frames.text`);
 small frames of Python strings are coerced by the schema.
+
+A table may be *stored* in another layout than the tidy one declared here:
+``sketches`` is written and validated tidy, stored as one row per tensor and
+statistic with the values as lists (``sketch_stats``), and read through a view
+named ``sketches`` with exactly these columns
+(:mod:`goblin_assets.warehouse.storage`).  :func:`ddl` of such a table is its
+tidy ``CREATE TABLE``: the layout warehouses had before, which
+:func:`goblin_assets.warehouse.db.ensure_tables` migrates.
 """
 from __future__ import annotations
 
@@ -238,11 +246,13 @@ def dtypes(table: str) -> dict[str, object]:
 
 
 #: Non-finite values are data where a column holds measured tensor statistics (``sketches.value``: the
-#: sketches of a diverged run, opscope/sketches.py).  ``+inf``/``-inf`` are stored as they are; a NaN
-#: cannot be: pandas NaN becomes NULL on its way through Arrow (``pa.Table.from_pandas``) and DuckDB's
+#: sketches of a diverged run, opscope/sketches.py).  ``+inf``/``-inf`` are read as they are; a NaN is
+#: read as NULL: pandas NaN becomes NULL on its way through Arrow (``pa.Table.from_pandas``) and DuckDB's
 #: pandas scan alike, so these columns are nullable and NULL there *means NaN* (the ``nonfinite`` statistic
-#: of the same tensor counts them).  ``(table, column)``; a warehouse created while the column was
-#: ``NOT NULL`` needs ``ALTER TABLE ... ALTER COLUMN ... DROP NOT NULL`` (:func:`relax_not_null`).
+#: of the same tensor counts them).  The ``sketch_stats`` lists behind the ``sketches`` view hold the NaN
+#: itself; the view reads it as NULL (warehouse/storage.py).  ``(table, column)``; an old tidy table
+#: created while the column was ``NOT NULL`` needs ``ALTER TABLE ... ALTER COLUMN ... DROP NOT NULL``
+#: (:func:`relax_not_null`) before it is migrated.
 NAN_AS_NULL: tuple[tuple[str, str], ...] = (("sketches", "value"),)
 
 
@@ -288,7 +298,15 @@ def column_type(table: str, column: str) -> tuple[str, bool]:
 
 
 def ddl(table: str) -> str:
-    """``CREATE TABLE IF NOT EXISTS`` for ``table``."""
+    """``CREATE TABLE IF NOT EXISTS`` for ``table``, tidy as declared.
+
+    For a table stored in another layout (``sketches``,
+    :data:`goblin_assets.warehouse.storage.STORED_AS`) the warehouse does not
+    run this: it creates the physical table and the view
+    (:func:`goblin_assets.warehouse.db.ensure_tables`); this statement is the
+    tidy layout of older warehouses (what the migration reads, and the
+    "before" of ``benchmarks/ingest_rate.py``).
+    """
     cols = ", ".join(f'"{n}" {t}{"" if nullable else " NOT NULL"}' for n, t, nullable in TABLES[table])
     return f'CREATE TABLE IF NOT EXISTS "{table}" ({cols})'
 
