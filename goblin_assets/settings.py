@@ -117,3 +117,41 @@ class AuditSettings(BaseModel):
         """
         return {"device": self.device, "timeout_s": self.timeout_s, "mem_cap_gb": self.mem_cap_gb,
                 "python": self.python or python}
+
+
+WarehouseBackend = Literal["file", "ducklake"]
+
+
+class WarehouseSettings(BaseModel):
+    """Where the warehouse lives, read from the environment here and nowhere else.
+
+    ``GOBLIN_WAREHOUSE``: ``file`` (default: the embedded DuckDB file ``$GOBLIN_HOME/warehouse.duckdb``,
+    one writing process at a time) or ``ducklake`` (a DuckLake catalog: metadata in PostgreSQL,
+    ``GOBLIN_DUCKLAKE_CATALOG``, a libpq DSN such as ``host=db port=5432 user=goblin dbname=ducklake``;
+    data as Parquet files under ``GOBLIN_DUCKLAKE_DATA``, a path or an object-store URL such as
+    ``s3://bucket/goblin/``).  Writers in many processes and hosts commit to a DuckLake concurrently.
+    """
+
+    backend: WarehouseBackend = "file"
+    catalog: str = ""
+    data: str = ""
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> WarehouseSettings:
+        """The settings of ``GOBLIN_WAREHOUSE``, ``GOBLIN_DUCKLAKE_CATALOG``, ``GOBLIN_DUCKLAKE_DATA``.
+
+        Raises
+        ------
+        SettingsError
+            An unknown backend, or ``ducklake`` without its catalog or data path.
+        """
+        env = os.environ if environ is None else environ
+        backend = (env.get("GOBLIN_WAREHOUSE") or "file").strip().lower()
+        catalog = (env.get("GOBLIN_DUCKLAKE_CATALOG") or "").strip()
+        data = (env.get("GOBLIN_DUCKLAKE_DATA") or "").strip()
+        if backend not in ("file", "ducklake"):
+            raise SettingsError(f"GOBLIN_WAREHOUSE={backend!r}: must be 'file' or 'ducklake'")
+        if backend == "ducklake" and not (catalog and data):
+            raise SettingsError("GOBLIN_WAREHOUSE=ducklake needs GOBLIN_DUCKLAKE_CATALOG (a PostgreSQL DSN) "
+                                "and GOBLIN_DUCKLAKE_DATA (where the Parquet files go)")
+        return cls(backend=backend, catalog=catalog, data=data)

@@ -9,8 +9,11 @@ variables and defaults are :class:`goblin_assets.settings.AuditSettings`'s).
 :class:`WarehouseResource` is the one way an asset or check touches the
 warehouse: it writes frames in one transaction (and returns the metadata the
 table checks read back), runs queries, and builds SQL models, on
-dagster-duckdb's :class:`DuckDBResource`.  Every asset that writes it is in
-the pool :data:`POOL` (limit 1: DuckDB allows one writing process per file).
+dagster-duckdb's :class:`DuckDBResource` for the embedded file, or on a DuckLake
+catalog (``backend="ducklake"``: :func:`goblin_assets.warehouse.db.connect_ducklake`).
+On the file, every asset that writes it is in the pool :data:`POOL` (limit 1: DuckDB
+allows one writing process per file); on a DuckLake there is no pool: writers commit
+concurrently, each write a snapshot.
 """
 from __future__ import annotations
 
@@ -29,12 +32,30 @@ from goblin_assets import warehouse_path
 from goblin_assets.runners.base import Runner
 from goblin_assets.runners.factory import make_runner, runner_for
 from goblin_assets.runners.workload import Workload
-from goblin_assets.settings import AuditSettings
-from goblin_assets.warehouse.db import ensure_tables, run_query, write_frames
+from goblin_assets.settings import AuditSettings, SettingsError, WarehouseSettings
+from goblin_assets.warehouse.db import connect_ducklake, ensure_tables, ensure_tables_retrying, run_query, write_frames
 from goblin_assets.warehouse.tables import TABLES
 
-#: The concurrency pool of every asset and check that opens the warehouse (one process at a time).
-POOL = "warehouse_writer"
+#: The name of the pool of the single-file warehouse's writers (the instance's dagster.yaml limits it to 1).
+FILE_POOL = "warehouse_writer"
+
+
+def warehouse_pool(settings: WarehouseSettings | None = None) -> str | None:
+    """The pool of every asset and check that opens the warehouse: :data:`FILE_POOL` on the DuckDB file
+    (one process at a time), none on a DuckLake (concurrent writers are what it is for).
+
+    Bad warehouse variables keep the file's pool here; :func:`warehouse_resource` reports them.
+    """
+    if settings is None:
+        try:
+            settings = WarehouseSettings.from_env()
+        except SettingsError:
+            return FILE_POOL
+    return FILE_POOL if settings.backend == "file" else None
+
+
+#: The pool of this process's warehouse backend (``GOBLIN_WAREHOUSE``, read when the definitions load).
+POOL = warehouse_pool()
 
 
 class RunnerResource(dg.ConfigurableResource, ABC):
@@ -137,15 +158,29 @@ def runner_from_env() -> RunnerResource:
 class WarehouseResource(dg.ConfigurableResource):
     """The DuckDB warehouse as assets see it: write frames in one transaction, query, build SQL models.
 
-    ``duckdb`` is dagster-duckdb's resource on the warehouse file (its
-    connection retries while another process holds the write lock).
+    ``backend``: ``file`` (default) or ``ducklake``.  On the file, ``duckdb`` is
+    dagster-duckdb's resource on the warehouse file (its connection retries while
+    another process holds the write lock).  On a DuckLake, ``catalog`` (a
+    PostgreSQL DSN) and ``data`` (where the Parquet files go) name it and
+    ``duckdb`` is not used.
     """
 
     duckdb: DuckDBResource
+    backend: str = "file"
+    catalog: str = ""
+    data: str = ""
 
     @contextmanager
     def connection(self) -> Iterator[duckdb.DuckDBPyConnection]:
         """An open connection with every table created."""
+        if self.backend == "ducklake":
+            con = connect_ducklake(self.catalog, self.data)
+            try:
+                ensure_tables_retrying(con)
+                yield con
+            finally:
+                con.close()
+            return
         with self.duckdb.get_connection() as con:
             ensure_tables(con)
             yield con
@@ -186,6 +221,11 @@ class WarehouseResource(dg.ConfigurableResource):
             return run_query(con, sql, params)
 
 
-def warehouse_resource() -> WarehouseResource:
-    """The warehouse writer on ``$GOBLIN_HOME/warehouse.duckdb``."""
+def warehouse_resource(settings: WarehouseSettings | None = None) -> WarehouseResource:
+    """The warehouse writer of ``settings`` (default from the environment, :class:`WarehouseSettings`):
+    ``$GOBLIN_HOME/warehouse.duckdb``, or the DuckLake catalog.  Raises SettingsError on bad variables."""
+    ws = settings or WarehouseSettings.from_env()
+    if ws.backend == "ducklake":
+        return WarehouseResource(duckdb=DuckDBResource(database=":memory:"), backend="ducklake",
+                                 catalog=ws.catalog, data=ws.data)
     return WarehouseResource(duckdb=DuckDBResource(database=str(warehouse_path())))

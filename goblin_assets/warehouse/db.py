@@ -1,7 +1,15 @@
-"""The DuckDB warehouse: validated frames written through Arrow in one transaction."""
+"""The DuckDB warehouse: validated frames written through Arrow in one transaction.
+
+Two backends, chosen by :class:`goblin_assets.settings.WarehouseSettings` (``GOBLIN_WAREHOUSE``):
+the embedded DuckDB file (default; one writing process at a time, DuckDB's file lock) and a
+DuckLake catalog (:func:`connect_ducklake`: metadata in PostgreSQL, data as Parquet files under a
+path; each write is a snapshot, so writers in many processes and hosts commit concurrently).  Both
+hold the same tables and views, written and read by the same functions below.
+"""
 from __future__ import annotations
 
 import contextlib
+import importlib
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +21,7 @@ import pyarrow as pa
 
 from goblin_assets import warehouse_path
 from goblin_assets.errors import WarehouseError
+from goblin_assets.settings import WarehouseSettings
 from goblin_assets.warehouse import storage
 from goblin_assets.warehouse.tables import (
     ADDED_COLUMNS, RENAMED_COLUMNS, TABLES, column_type, ddl, dtypes, relax_not_null, schema,
@@ -23,19 +32,108 @@ from goblin_assets.warehouse.tables import (
 LOCK_WAIT_S = 120.0
 
 
-@contextlib.contextmanager
-def connect(path: str | Path | None = None, read_only: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
-    """Open the warehouse (default ``$GOBLIN_HOME/warehouse.duckdb``) and create missing tables.
+#: The DuckLake catalog's name inside the connection (``USE``d, so queries name tables bare).
+LAKE = "goblin_lake"
+#: The DuckDB extensions a DuckLake on PostgreSQL needs: (the PyPI wheel's module, the extension's name).
+LAKE_EXTENSIONS = (("duckdb_extension_postgres_scanner", "postgres_scanner"), ("duckdb_extension_ducklake", "ducklake"))
+#: Attempts at attaching a DuckLake and creating its tables (writers starting together race on the first DDL).
+LAKE_ATTEMPTS = 8
 
-    Waits up to :data:`LOCK_WAIT_S` seconds while another process holds
-    DuckDB's write lock.
+
+def extension_path(module: str, name: str) -> Path:
+    """The ``.duckdb_extension`` file that the wheel ``module`` ships for this DuckDB version.
+
+    Raises
+    ------
+    WarehouseError
+        The wheel is missing, or it was built for another DuckDB release (its folder names the version).
+    """
+    try:
+        root = Path(importlib.import_module(module).__file__).parent / "extensions"
+    except ImportError:
+        raise WarehouseError(f"the DuckLake backend needs the {module.replace('_', '-')} wheel (pip install it)") from None
+    want = root / f"v{duckdb.__version__}" / f"{name}.duckdb_extension"
+    if not want.is_file():
+        have = sorted(p.name for p in root.iterdir()) if root.is_dir() else []
+        raise WarehouseError(f"{module} has no {name} extension for DuckDB {duckdb.__version__} (it has {have}): "
+                             f"install the wheel release that matches duckdb")
+    return want
+
+
+def connect_ducklake(catalog: str, data: str) -> duckdb.DuckDBPyConnection:
+    """A connection with the DuckLake ``catalog`` (PostgreSQL DSN) attached as :data:`LAKE` and in use.
+
+    The postgres and ducklake extensions are loaded from their wheels (:func:`extension_path`);
+    extension auto-install is off, so nothing is downloaded.  ``data`` is where the Parquet files go
+    (a local path or an object-store URL DuckDB can write).
+
+    Raises
+    ------
+    WarehouseError
+        An extension is missing, or the catalog cannot be attached (message carries DuckDB's error).
+    """
+    con = duckdb.connect(":memory:", config={"autoinstall_known_extensions": False})
+    try:
+        for module, name in LAKE_EXTENSIONS:
+            con.execute(f"LOAD '{extension_path(module, name)}'")
+        dsn, path = catalog.replace("'", "''"), data.replace("'", "''")
+        # the first writers of a new catalog race on creating its metadata tables: retried
+        _retrying(lambda: con.execute(f"ATTACH 'ducklake:postgres:{dsn}' AS {LAKE} (DATA_PATH '{path}')"))
+        con.execute(f"USE {LAKE}")
+    except duckdb.Error as exc:
+        con.close()
+        raise WarehouseError(f"cannot attach the DuckLake {catalog!r} (data {data!r}): {exc}") from None
+    except BaseException:
+        con.close()
+        raise
+    return con
+
+
+def _retrying(fn) -> None:
+    """Call ``fn`` up to :data:`LAKE_ATTEMPTS` times while it raises a DuckDB error (backing off 0.1 s, doubling)."""
+    delay = 0.1
+    for attempt in range(LAKE_ATTEMPTS):
+        try:
+            fn()
+            return
+        except duckdb.Error:
+            if attempt == LAKE_ATTEMPTS - 1:
+                raise
+            time.sleep(delay)
+            delay *= 2
+
+
+def ensure_tables_retrying(con: duckdb.DuckDBPyConnection) -> None:
+    """:func:`ensure_tables`, retried when another writer created the same table first (a DuckLake commit conflict)."""
+    _retrying(lambda: ensure_tables(con))
+
+
+@contextlib.contextmanager
+def connect(path: str | Path | None = None, read_only: bool = False,
+            settings: WarehouseSettings | None = None) -> Iterator[duckdb.DuckDBPyConnection]:
+    """Open the warehouse and create missing tables.
+
+    ``path`` names a DuckDB file.  Without it, ``settings`` (default :meth:`WarehouseSettings.from_env`)
+    choose: the file ``$GOBLIN_HOME/warehouse.duckdb`` or the DuckLake catalog (:func:`connect_ducklake`).
+    On the file, waits up to :data:`LOCK_WAIT_S` seconds while another process holds DuckDB's write lock.
 
     Raises
     ------
     WarehouseError
         The file cannot be opened (the lock was held longer than that, or it is
-        not a DuckDB database).
+        not a DuckDB database), or the DuckLake cannot be attached.
     """
+    if path is None:
+        ws = settings or WarehouseSettings.from_env()
+        if ws.backend == "ducklake":
+            con = connect_ducklake(ws.catalog, ws.data)
+            try:
+                if not read_only:
+                    ensure_tables_retrying(con)
+                yield con
+            finally:
+                con.close()
+            return
     p = Path(path) if path else warehouse_path()
     p.parent.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + LOCK_WAIT_S
@@ -81,11 +179,12 @@ def ensure_tables(con: duckdb.DuckDBPyConnection) -> None:
         The migration of an old tidy table failed (rolled back: the old table is left as it was).
     """
     kinds = dict(con.execute("SELECT table_name, table_type FROM information_schema.tables "
-                             "WHERE table_schema = current_schema()").fetchall())
+                             "WHERE table_schema = current_schema() AND table_catalog = current_database()").fetchall())
     have: dict[str, set[str]] = {}
     not_null: set[tuple[str, str]] = set()
     for table, col, nullable in con.execute("SELECT table_name, column_name, is_nullable FROM "
-                                            "information_schema.columns WHERE table_schema = current_schema()"
+                                            "information_schema.columns WHERE table_schema = current_schema() "
+                                            "AND table_catalog = current_database()"
                                             ).fetchall():
         if kinds.get(table) != "BASE TABLE":       # views (the stored-as tables' tidy names) have nothing to alter
             continue
