@@ -8,7 +8,7 @@ export DAGSTER_HOME ?= $(GOBLIN_HOME)/dagster
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install install-test system-deps compiler demo test ui clean lock check-lock
+.PHONY: install install-test system-deps compiler demo test ui stack clean lock check-lock
 
 # The exact version of every installed package (pip constraints), used by every install step;
 # `make lock` refreshes it, `make test` checks .venv against it (goblin_assets/lockcheck.py).
@@ -62,12 +62,16 @@ lock: | compiler
 check-lock: install-test
 	$(BIN)/python -m goblin_assets.lockcheck --lock $(LOCK)
 
-# The browser test drives Debian's Chromium (Playwright never downloads a browser here).
+# The browser test drives Debian's Chromium (Playwright never downloads a browser here);
+# the scaled-out stack (tests/test_scale_out.py, make stack) runs Debian's PostgreSQL and Redis.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 system-deps:
 	@command -v chromium >/dev/null 2>&1 || { \
 	  $(SUDO) apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium >/dev/null; }
+	@{ ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && command -v redis-server >/dev/null 2>&1; } || { \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq postgresql redis-server >/dev/null; }
 
 install: $(VENV)/.installed
 
@@ -87,6 +91,12 @@ test: check-lock system-deps
 
 ui: install $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
+
+# The scaled-out stack on this machine (deploy/README.md): PostgreSQL, Redis and WORKERS Celery
+# workers in a temporary directory on loopback; prints the variables to export; Ctrl-C stops it all.
+WORKERS ?= 2
+stack: install-test system-deps
+	$(BIN)/python -m goblin_assets.stack --workers $(WORKERS)
 
 clean:
 	rm -rf $(VENV) .goblin

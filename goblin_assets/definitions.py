@@ -1,6 +1,8 @@
 """The single place where Dagster things are wired: ``goblin_assets.definitions:defs``."""
 from __future__ import annotations
 
+import os
+
 import dagster as dg
 
 from goblin_assets.defs.agent import AGENT_ASSETS
@@ -45,6 +47,24 @@ FORKSERVER_PRELOAD = [
 EXECUTOR = dg.multiprocess_executor.configured(
     {"start_method": {"forkserver": {"preload_modules": FORKSERVER_PRELOAD}}})
 
+
+
+def executor_from_env() -> dg.ExecutorDefinition:
+    """The project's executor (:data:`EXECUTOR`), or with ``GOBLIN_EXECUTOR=celery`` dagster-celery's:
+    each step is a Celery task that a ``dagster-celery worker`` (any host) runs, over the broker
+    ``GOBLIN_CELERY_BROKER`` with results in ``GOBLIN_CELERY_BACKEND`` (deploy/README.md)."""
+    kind = os.environ.get("GOBLIN_EXECUTOR", "multiprocess").strip().lower()
+    if kind == "celery":
+        from dagster_celery import celery_executor
+
+        return celery_executor.configured({"broker": {"env": "GOBLIN_CELERY_BROKER"},
+                                           "backend": {"env": "GOBLIN_CELERY_BACKEND"},
+                                           "include": ["goblin_assets.definitions"]}, name="celery")
+    if kind != "multiprocess":
+        raise ValueError(f"GOBLIN_EXECUTOR={kind!r}: must be 'multiprocess' (default) or 'celery'")
+    return EXECUTOR
+
+
 defs = dg.Definitions(
     assets=[*AUDIT_ASSETS, *AGENT_ASSETS, *OPSCOPE_ASSETS, *MINING_ASSETS, *SQL_ASSETS, *TRACE_ASSETS],
     asset_checks=AUDIT_CHECKS,
@@ -52,5 +72,5 @@ defs = dg.Definitions(
     schedules=[observe_rocm_image_daily],
     jobs=[observe_rocm_image_job],
     resources={"runner": runner_from_env(), "warehouse": warehouse_resource()},
-    executor=EXECUTOR,
+    executor=executor_from_env(),
 )
