@@ -10,7 +10,8 @@ as the ``postgres`` user (``runuser -u postgres``; the Debian package creates it
 is chowned to it.  Every process started here is stopped by :meth:`Stack.stop` (also when starting
 fails half-way); the servers are started with ``start_new_session`` so a stop reaches their children.
 
-Layout under ``root``: ``pg/`` (cluster), ``redis/``, ``dagster/dagster.yaml`` (the instance),
+Layout under ``root``: ``pg/`` (the cluster; as root, a ``goblin-pg-*`` folder of its own in the temporary
+directory, owned by ``postgres``, removed on stop), ``redis/``, ``dagster/dagster.yaml`` (the instance),
 ``celery.yaml`` (the workers' broker), ``lake/`` (DuckLake's Parquet files), ``logs/``.
 """
 from __future__ import annotations
@@ -90,10 +91,7 @@ class Stack:
     procs: list[subprocess.Popen] = field(default_factory=list)
     workers: list[subprocess.Popen] = field(default_factory=list)
     pg_started: bool = False
-
-    @property
-    def pg_dir(self) -> Path:
-        return self.root / "pg"
+    pg_dir: Path | None = None
 
     @property
     def logs(self) -> Path:
@@ -126,14 +124,19 @@ class Stack:
     # -- servers -----------------------------------------------------------------------------
     def start_postgres(self) -> None:
         self.pg_port = _free_port()
-        self.pg_dir.mkdir(parents=True)
         if os.geteuid() == 0:
+            # the postgres user cannot reach into root's private temporary folders (pytest's are 0700):
+            # the cluster gets its own folder, owned by postgres, removed by stop()
+            self.pg_dir = Path(tempfile.mkdtemp(prefix="goblin-pg-"))
             shutil.chown(self.pg_dir, "postgres", "postgres")
-            os.chmod(self.root, 0o755)
-        log = self.logs / "postgres.log"
-        log.touch()
+        else:
+            self.pg_dir = self.root / "pg"
+        log = self.pg_dir / "postgres.log"
+        self.pg_dir = self.pg_dir / "data"
         if os.geteuid() == 0:
-            shutil.chown(log, "postgres", "postgres")
+            subprocess.run(_as_postgres(["mkdir", "-m", "700", str(self.pg_dir)]), check=True)
+        else:
+            self.pg_dir.mkdir(mode=0o700, parents=True)
         run = dict(check=True, capture_output=True, text=True)
         try:
             subprocess.run(_as_postgres([pg_bin("initdb"), "-D", str(self.pg_dir), "-U", PG_USER, "--auth=trust",
@@ -185,12 +188,14 @@ class Stack:
 
     def start_workers(self, n: int, concurrency: int = 1) -> None:
         """``n`` worker processes (``dagster-celery worker start``), each running ``concurrency`` steps at a time."""
-        exe = str(Path(sys.executable).parent / "dagster-celery")
+        bindir = str(Path(sys.executable).parent)
+        exe = str(Path(bindir) / "dagster-celery")
         env = self.env()
+        env["PATH"] = bindir + os.pathsep + env.get("PATH", "")   # it starts `celery` from the PATH
         for i in range(n):
             log = open(self.logs / f"worker{i}.log", "w")
             p = subprocess.Popen([exe, "worker", "start", "-y", str(self.root / "celery.yaml"), "--name", f"goblin{i}",
-                                  "--", "--concurrency", str(concurrency), "--pool", "prefork",
+                                  "-A", "dagster_celery.app", "--", "--concurrency", str(concurrency), "--pool", "prefork",
                                   "--without-gossip", "--without-mingle", "--without-heartbeat"],
                                  env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             self.workers.append(p)
@@ -229,6 +234,8 @@ class Stack:
             subprocess.run(_as_postgres([pg_bin("pg_ctl"), "-D", str(self.pg_dir), "-m", "immediate", "-w", "stop"]),
                            capture_output=True)
             self.pg_started = False
+        if self.pg_dir is not None and not self.pg_dir.is_relative_to(self.root):
+            shutil.rmtree(self.pg_dir.parent, ignore_errors=True)   # root's run: the cluster's own folder
 
 
 def _stop(procs: list[subprocess.Popen], grace: float = 15.0) -> None:
