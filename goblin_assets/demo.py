@@ -46,6 +46,20 @@ def default_workloads() -> list[str]:
     return [n for n in workload_names() if not load_workload(workloads_root() / n).replay]
 
 
+def demo_selection(graph, lab: bool = False) -> tuple[list, list, set]:
+    """The demo's asset keys: unpartitioned ones first, the audit's workload-partitioned stages, then the
+    unpartitioned assets downstream of the audits (the SQL models).  Assets partitioned otherwise (the
+    ``recorded_trace`` partitions, one per trace file) are left out: the demo ships no trace, and Dagster
+    runs only assets of one partitions definition together.  The opscope lab's groups only with ``lab``."""
+    keys = [k for k in graph.get_all_asset_keys() if graph.get(k).is_materializable
+            and graph.get(k).partitions_def in (None, workloads_partitions)
+            and (lab or graph.get(k).partitions_def is not None or graph.get(k).group_name not in LAB_GROUPS)]
+    partitioned = [k for k in keys if graph.get(k).partitions_def is not None]
+    after = {k for k in keys if graph.get(k).partitions_def is None and _ancestors(graph, k) & set(partitioned)}
+    before = [k for k in keys if graph.get(k).partitions_def is None and k not in after]
+    return before, partitioned, after
+
+
 def main(argv: list[str] | None = None) -> int:
     """Audit the named workloads (default: every runnable one) through Dagster; 0 on success, 1 on a failed run."""
     console = Console()
@@ -58,12 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     graph = defs.resolve_asset_graph()
     assets = [*defs.assets, *defs.asset_checks]
     resources = defs.resources
-    keys = [k for k in graph.get_all_asset_keys() if graph.get(k).is_materializable
-            and (lab or graph.get(k).partitions_def is not None or graph.get(k).group_name not in LAB_GROUPS)]
-    partitioned = [k for k in keys if graph.get(k).partitions_def is not None]
-    # unpartitioned assets downstream of the audits (the SQL models) go last
-    after = {k for k in keys if graph.get(k).partitions_def is None and _ancestors(graph, k) & set(partitioned)}
-    before = [k for k in keys if graph.get(k).partitions_def is None and k not in after]
+    before, partitioned, after = demo_selection(graph, lab)
     t0 = time.perf_counter()
     with console.status("observing rocm_image; materializing the knowledge base"):
         defs.resolve_job_def("observe_rocm_image").execute_in_process(instance=instance)

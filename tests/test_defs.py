@@ -125,3 +125,21 @@ def test_materialize_digits_partition_in_process_and_the_cli_agrees(tmp_path, mo
     dg_audit = query("SELECT rules, diff FROM audits", db).iloc[0]
     assert doc["rules"] == dg_audit["rules"].split(",") and doc["diff"] == dg_audit["diff"]
     assert doc["benchmark"]["baseline"]["cache_hit"] and doc["benchmark"]["patched"]["cache_hit"]
+
+
+@pytest.mark.parametrize("lab", [False, True])
+def test_the_demo_selection_resolves_as_one_job(lab):
+    """``make demo`` materializes its partitioned stages in one run per workload: they must share one
+    partitions definition (the recorded traces' own partitions stay out), and every selection must resolve."""
+    from goblin_assets.defs.partitions import workloads_partitions
+    from goblin_assets.definitions import defs
+    from goblin_assets.demo import demo_selection
+
+    graph = defs.resolve_asset_graph()
+    before, partitioned, after = demo_selection(graph, lab)
+    assert {graph.get(k).partitions_def for k in partitioned} == {workloads_partitions}
+    assert dg.AssetKey("audit_report") in partitioned and dg.AssetKey("recorded_trace") not in partitioned
+    for i, sel in enumerate((before, partitioned, list(after))):   # resolving a job of mixed partitions raises
+        job = dg.define_asset_job(f"demo_{i}", selection=sel)
+        dg.Definitions(assets=defs.assets, asset_checks=defs.asset_checks, jobs=[job],
+                       resources=defs.resources).resolve_job_def(f"demo_{i}")
