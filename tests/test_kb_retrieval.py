@@ -383,7 +383,8 @@ def _recall_at_5(kb, rows: list[dict]) -> tuple[float, list]:
 
 
 def test_recall_at_5_on_the_training_phrasings(kb, warehouse):
-    """Measured 0.97 (33/34; the miss is "Speed up CNN pytorch", a title that says little)."""
+    """Measured 0.97 (33/34; the miss is "Speed up CNN pytorch", a title that says little); 0.96 (52/54)
+    with pool 2 (the other miss: "Loss value is NaN", labelled with the no-bf16 fp16 rule only)."""
     recall, misses = _recall_at_5(kb, _corpus("train"))
     assert recall >= 0.94, misses
 
@@ -391,10 +392,12 @@ def test_recall_at_5_on_the_training_phrasings(kb, warehouse):
 def test_recall_at_5_on_the_held_out_phrasings(kb, warehouse):
     """Issue 16's target is 0.95 on the held-aside third.  Measured once per KB state, never tuned on:
     1.00 (15/15) on the 49 tuning rules; 0.94 (16/17) after the hazard rules landed and the labels were
-    reviewed (the miss: a bf16 NaN thread whose answer is a new rule with no phrases yet).  The floor
-    allows one more miss while the rules are being edited."""
+    reviewed (the miss: a bf16 NaN thread whose answer is a new rule with no phrases yet); 0.96 (27/28)
+    after 12 further titles were held aside (pool 2, split before tuning) and every rule got phrases
+    written from its own text: pool 1 17/17 (its former miss was known when the phrases were written),
+    pool 2 10/11 (blind).  The floor allows one more miss while the rules are being edited."""
     recall, misses = _recall_at_5(kb, _corpus("heldout"))
-    assert recall >= 0.88, misses
+    assert recall >= 0.92, misses
 
 
 def test_relevance_is_calibrated_on_the_training_phrasings(kb, warehouse):

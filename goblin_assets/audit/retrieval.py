@@ -106,8 +106,8 @@ FUSION_LEXICAL_WEIGHT = 0.4
 #: Platt scaling of the fused score: ``relevance = 1 / (1 + exp(-(PLATT_A * fused + PLATT_B)))``, the
 #: probability that a rule answers the query, fitted by maximum likelihood (Platt 1999, smoothed targets)
 #: on every (training phrasing, rule) pair of ``tests/data/symptoms_train.yaml`` (``benchmarks/kb_search_fit.py``).
-PLATT_A = 16.924
-PLATT_B = -9.467
+PLATT_A = 16.379
+PLATT_B = -9.629
 
 #: A hit below this relevance is a ``weak_match``: more likely not an answer than an answer (the 0.5
 #: decision point of a calibrated probability).
