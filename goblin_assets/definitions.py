@@ -49,19 +49,48 @@ EXECUTOR = dg.multiprocess_executor.configured(
 
 
 
+#: dagster-celery's default queue (``dagster_celery.defaults.task_default_queue``): every worker listens on it.
+CELERY_DEFAULT_QUEUE = "dagster"
+
+
+def celery_config(queue: str) -> dict:
+    """dagster-celery executor config sending every step of a run to the Celery queue ``queue``.
+
+    The broker and result backend come from ``GOBLIN_CELERY_BROKER`` / ``GOBLIN_CELERY_BACKEND``;
+    ``config_source.task_default_queue`` is the queue each step is published to (an op tag
+    ``dagster-celery/queue`` would still win; the graph sets none)."""
+    return {"broker": {"env": "GOBLIN_CELERY_BROKER"}, "backend": {"env": "GOBLIN_CELERY_BACKEND"},
+            "include": ["goblin_assets.definitions"], "config_source": {"task_default_queue": queue}}
+
+
 def executor_from_env() -> dg.ExecutorDefinition:
-    """The project's executor (:data:`EXECUTOR`), or with ``GOBLIN_EXECUTOR=celery`` dagster-celery's:
-    each step is a Celery task that a ``dagster-celery worker`` (any host) runs, over the broker
-    ``GOBLIN_CELERY_BROKER`` with results in ``GOBLIN_CELERY_BACKEND`` (deploy/README.md)."""
+    """The project's executor (:data:`EXECUTOR`), or with ``GOBLIN_EXECUTOR=celery`` dagster-celery's.
+
+    With Celery each step is a task that a ``dagster-celery worker`` (any host) runs, over the broker
+    ``GOBLIN_CELERY_BROKER`` with results in ``GOBLIN_CELERY_BACKEND`` (deploy/README.md).  A run's
+    steps all go to one queue, the run config's ``execution.config.queue`` (default ``GOBLIN_CELERY_QUEUE``,
+    else ``dagster``): a GPU host's worker listening on its own queue (``-q gpu-a``) then runs the
+    profile, the sketches and both benchmark arms of that audit, so they are measured on one device.
+
+    Raises
+    ------
+    SettingsError
+        ``GOBLIN_EXECUTOR`` is neither ``multiprocess`` nor ``celery``.
+    """
+    from goblin_assets.settings import SettingsError
+
     kind = os.environ.get("GOBLIN_EXECUTOR", "multiprocess").strip().lower()
     if kind == "celery":
         from dagster_celery import celery_executor
 
-        return celery_executor.configured({"broker": {"env": "GOBLIN_CELERY_BROKER"},
-                                           "backend": {"env": "GOBLIN_CELERY_BACKEND"},
-                                           "include": ["goblin_assets.definitions"]}, name="celery")
+        queue = os.environ.get("GOBLIN_CELERY_QUEUE", "").strip() or CELERY_DEFAULT_QUEUE
+        return celery_executor.configured(
+            lambda cfg: celery_config(cfg["queue"]), name="celery",
+            config_schema={"queue": dg.Field(str, default_value=queue, is_required=False,
+                                             description="Celery queue every step of the run is sent to "
+                                                         "(one per GPU host: its worker's -q)")})
     if kind != "multiprocess":
-        raise ValueError(f"GOBLIN_EXECUTOR={kind!r}: must be 'multiprocess' (default) or 'celery'")
+        raise SettingsError(f"GOBLIN_EXECUTOR={kind!r}: must be 'multiprocess' (default) or 'celery'")
     return EXECUTOR
 
 

@@ -17,6 +17,7 @@ directory, owned by ``postgres``, removed on stop), ``redis/``, ``dagster/dagste
 from __future__ import annotations
 
 import glob
+import json
 import os
 import shutil
 import signal
@@ -187,7 +188,10 @@ class Stack:
         (self.root / "lake").mkdir()
 
     def start_workers(self, n: int, concurrency: int = 1) -> None:
-        """``n`` worker processes (``dagster-celery worker start``), each running ``concurrency`` steps at a time."""
+        """``n`` worker processes (``dagster-celery worker start``), each running ``concurrency`` steps at a time.
+
+        Worker ``i`` stands for one GPU host: it listens on the default queue ``dagster`` and on its own
+        queue :func:`host_queue` ``(i)``; a run whose executor config names that queue runs on it only."""
         bindir = str(Path(sys.executable).parent)
         exe = str(Path(bindir) / "dagster-celery")
         env = self.env()
@@ -195,7 +199,8 @@ class Stack:
         for i in range(n):
             log = open(self.logs / f"worker{i}.log", "w")
             p = subprocess.Popen([exe, "worker", "start", "-y", str(self.root / "celery.yaml"), "--name", f"goblin{i}",
-                                  "-A", "dagster_celery.app", "--", "--concurrency", str(concurrency), "--pool", "prefork",
+                                  "-q", f"dagster,{host_queue(i)}", "-A", "dagster_celery.app", "--",
+                                  "--concurrency", str(concurrency), "--pool", "prefork",
                                   "--without-gossip", "--without-mingle", "--without-heartbeat"],
                                  env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             self.workers.append(p)
@@ -277,6 +282,11 @@ def start(workers: int = 2, root: Path | None = None, concurrency: int = 1) -> S
     return s
 
 
+def host_queue(i: int) -> str:
+    """The Celery queue of worker ``i`` of the local stack (one per simulated GPU host)."""
+    return f"host{i}"
+
+
 #: Where the configuration files live (the instance's dagster.yaml, the workers' celery.yaml).
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 
@@ -300,21 +310,26 @@ def add_partitions(env: dict[str, str], names: list[str]) -> None:
     subprocess.run([sys.executable, "-c", code, *names], env=env, check=True, capture_output=True, text=True)
 
 
-def materialize(env: dict[str, str], select: str, partition: str | None = None) -> subprocess.Popen:
-    """Start ``dagster asset materialize`` of ``select`` (one run; its steps go to the executor of ``env``)."""
+def materialize(env: dict[str, str], select: str, partition: str | None = None, queue: str | None = None
+                ) -> subprocess.Popen:
+    """Start ``dagster asset materialize`` of ``select`` (one run; its steps go to the executor of ``env``,
+    with ``queue`` every step to that Celery queue)."""
     args = ["asset", "materialize", "-m", "goblin_assets.definitions", "--select", select]
     if partition:
         args += ["--partition", partition]
+    if queue:
+        args += ["--config-json", json.dumps({"execution": {"config": {"queue": queue}}})]
     return subprocess.Popen(dagster_cli(env, *args), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
 
 
-def audit_partitions(env: dict[str, str], partitions: list[str], timeout: float = 1200.0
-                     ) -> tuple[float, dict[str, tuple[int, str]]]:
+def audit_partitions(env: dict[str, str], partitions: list[str], timeout: float = 1200.0,
+                     queues: dict[str, str] | None = None) -> tuple[float, dict[str, tuple[int, str]]]:
     """Materialize the audit of every partition at once (one run each, started together); wall seconds and
-    ``partition -> (exit code, output)``.  The knowledge-base index must exist (:data:`KB_SELECTION`)."""
+    ``partition -> (exit code, output)``.  ``queues``: partition -> the Celery queue its run's steps go to
+    (the host that audits it).  The knowledge-base index must exist (:data:`KB_SELECTION`)."""
     t0 = time.perf_counter()
-    procs = {p: materialize(env, AUDIT_SELECTION, p) for p in partitions}
+    procs = {p: materialize(env, AUDIT_SELECTION, p, (queues or {}).get(p)) for p in partitions}
     out: dict[str, tuple[int, str]] = {}
     try:
         for p, proc in procs.items():

@@ -27,9 +27,9 @@ from tests.conftest import WORKLOADS
 
 pytestmark = pytest.mark.slow
 
-#: Three alternating pairs at least (and up to 40 s) so that the loader fix's speedup is decided ("faster"),
-#: as the agent's final answer states it.
-SETTINGS = AuditSettings(bench_budget_s=40, profiled_steps=3, bench_steps=8, bench_repeats=3,
+#: Two alternating pairs (up to 12 s): the tests compare the conversation with the pipeline, whatever the
+#: verdict (the loader fix's size is tests/test_audit_e2e.py's; here a noisy machine may leave it undecided).
+SETTINGS = AuditSettings(bench_budget_s=12, profiled_steps=3, bench_steps=8, bench_repeats=2,
                          sketch_steps=2, timeout_s=300)
 
 #: AuditReport fields that come from a profiled or sketched run (measured anew by each audit) or the clock.
@@ -37,6 +37,13 @@ PROFILED = ("buckets", "metrics", "before_step_time_s", "after_step_time_s", "pr
             "confidence", "evidence_coverage", "rule_consistency", "consistency_notes", "warnings", "provenance",
             "created_at", "cache_hits", "profiled_speedup", "reconciliation", "calibration", "signals",
             "tensor_markdown", "tensor_html")
+
+
+def _headline(rep) -> str:
+    """The final report's first words: the pipeline's speedup under its own verdict (a noisy machine can
+    make the paired interval straddle 1, and the report then says so)."""
+    nsc = rep.measured_interval is not None and rep.measured_interval.verdict == "no significant change"
+    return f"{'No significant change: ' if nsc else 'Measured speedup '}{rep.measured_speedup:.2f}x"
 
 
 @pytest.fixture(scope="module")
@@ -66,15 +73,15 @@ def test_goblin_chat_offline_matches_the_pipeline_report(pipeline_audit, capsys,
         return sessions[-1]
 
     monkeypatch.setattr(AuditSession, "open", classmethod(capture))
-    code = main(["chat", str(WORKLOADS / "digits_mlp"), "--steps", "3", "--bench-steps", "8", "--repeats", "3",
-                 "--bench-budget", "40", "--json"])
+    code = main(["chat", str(WORKLOADS / "digits_mlp"), "--steps", "3", "--bench-steps", "8", "--repeats", "2",
+                 "--bench-budget", "12", "--json"])
     assert code == 0
     events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [e["name"] for e in events if e["kind"] == "tool_call"] == list(CANONICAL_ORDER)
     assert all(e["ok"] for e in events if e["kind"] == "tool_result")
     final = events[-1]
     assert final["kind"] == "final_report" and not final["capped"] and final["model_error"] is None
-    assert final["text"].startswith(f"Measured speedup {res.audit_report().measured_speedup:.2f}x")
+    assert final["text"].startswith(_headline(res.audit_report()))
     assert "data.loader_workers_with_threads" in final["text"] and "hold only for workload digits_mlp" in final["text"]
 
     s = sessions[0]
@@ -122,5 +129,5 @@ def test_audit_conversation_asset_over_a_materialized_audit(pipeline_audit, monk
     for name in CANONICAL_ORDER:
         assert f"`{name}`" in md
     assert "## Final report (offline planner (no model), 6 tool calls)" in md
-    assert f"Measured speedup {res.audit_report().measured_speedup:.2f}x" in md and "```diff" in md
+    assert _headline(res.audit_report()) in md and "```diff" in md
     assert out.metadata["tool_calls"] == 6 and out.metadata["model_error"] == ""

@@ -50,7 +50,7 @@ def test_every_stage_is_an_asset():
     ("patch", {"training_config", "kb_rules", "kb_matches", "profile_run", "workload_source"}),
     ("benchmark_baseline", {"training_config", "workload_source", "rocm_image"}),
     ("benchmark_patched", {"patch", "workload_source", "rocm_image"}),
-    ("audit_report", {"profile_run", "benchmark_baseline", "benchmark_patched", "patch", "training_config",
+    ("audit_report", {"profile_run", "benchmark_baseline", "benchmark_patched", "patch", "training_config", "kb_matches",
                       "workload_source"}),
 ])
 def test_lineage(child, parents):

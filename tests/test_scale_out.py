@@ -1,8 +1,10 @@
 """The scaled-out stack for real on one machine: PostgreSQL (Dagster's instance and the DuckLake catalog),
-Redis (the Celery broker), two ``dagster-celery`` workers, and 8 replay audits run at once into the DuckLake.
+Redis (the Celery broker), two ``dagster-celery`` workers, and 8 replay audits run at once into the DuckLake,
+each pinned to one worker ("GPU host") by the queue its run config names.
 
 Every table holds exactly the rows the same 8 audits write into an embedded DuckDB file (the default
-backend, materialized in this process), no run hit a lock, and ``goblin sql`` on the DuckLake sees every
+backend, materialized in this process), every step of an audit ran on the worker of its queue (the runs'
+event logs in PostgreSQL say which), no run hit a lock, and ``goblin sql`` on the DuckLake sees every
 audit.  Every process the stack started is stopped, also when the test fails (goblin_assets/stack.py).
 Skipped only when the servers are not installed (``make system-deps`` installs them).
 """
@@ -61,6 +63,27 @@ def reference(tmp_path_factory):
     return counts
 
 
+def _celery_workers_per_run(env: dict[str, str]) -> dict[str, set[str]]:
+    """partition -> names of the Celery workers that ran its steps (from the runs' event logs in PostgreSQL)."""
+    mp = pytest.MonkeyPatch()
+    for k, v in env.items():
+        mp.setenv(k, v)
+    try:
+        with dg.DagsterInstance.get() as instance:
+            out: dict[str, set[str]] = {}
+            for run in instance.get_runs():
+                part = run.tags.get("dagster/partition")
+                if not part:
+                    continue
+                for rec in instance.all_logs(run.run_id, of_type=dg.DagsterEventType.ENGINE_EVENT):
+                    md = rec.dagster_event.engine_event_data.metadata if rec.dagster_event else {}
+                    if "Celery worker" in md:
+                        out.setdefault(part, set()).add(str(md["Celery worker"].value).split("@")[0])
+            return out
+    finally:
+        mp.undo()
+
+
 def test_eight_replay_audits_on_two_celery_workers_into_one_ducklake(tmp_path, reference):
     s = stack.start(workers=2, root=tmp_path / "stack")
     try:
@@ -70,11 +93,14 @@ def test_eight_replay_audits_on_two_celery_workers_into_one_ducklake(tmp_path, r
         kb = stack.materialize(env, stack.KB_SELECTION)
         out = kb.communicate(timeout=600)[0]
         assert kb.returncode == 0, out[-4000:]
-        wall, runs = stack.audit_partitions(env, PARTITIONS)
+        # each audit pinned to one "GPU host" (worker i listens on its own queue host<i>)
+        queues = {p: stack.host_queue(k % 2) for k, p in enumerate(PARTITIONS)}
+        wall, runs = stack.audit_partitions(env, PARTITIONS, queues=queues)
         for p, (rc, text) in runs.items():
             assert rc == 0, f"{p}:\n{text[-4000:]}"
-            assert "Executing steps using celery executor" in text or "celery" in text.lower(), text[-2000:]
+            assert f'to queue "{queues[p]}"' in text, text[-2000:]
             assert not LOCK_ERROR.search(text), f"{p}: {LOCK_ERROR.search(text).group(0)}"
+        assert _celery_workers_per_run(env) == {p: {f"goblin{k % 2}"} for k, p in enumerate(PARTITIONS)}
         for i in range(2):  # both workers ran steps, none hit a lock
             log = (s.logs / f"worker{i}.log").read_text(errors="replace")
             assert "succeeded" in log, log[-2000:]

@@ -224,13 +224,16 @@ def benchmarks(context: dg.AssetExecutionContext, workload_source: Workload, tra
 @dg.asset(group_name="reports", pool=POOL, **_AUTO, **_KW)
 def audit_report(context: dg.AssetExecutionContext, profile_run: RunMetrics,
                  benchmark_baseline: BenchmarkResult | None, benchmark_patched: tuple, patch: Patch,
-                 training_config: ConfigDict, workload_source: Workload, runner: RunnerResource,
-                 warehouse: WarehouseResource):
-    """The before/after report: measured throughput, waste budget split, the diff and the citations (for a replay: the recorded numbers, labelled, and no measured speedup)."""
+                 training_config: ConfigDict, workload_source: Workload, kb_matches: list[RuleMatch],
+                 runner: RunnerResource, warehouse: WarehouseResource):
+    """The before/after report: measured throughput, waste budget split, the diff and the citations (for a replay: the recorded numbers, labelled, and no measured speedup).
+
+    ``kb_matches`` is the upstream asset's value: the report step matches nothing again (in a fresh
+    step process that would load the embedding model and encode the KB once more)."""
     bench_p, after = benchmark_patched
     bench = {"baseline": benchmark_baseline, "patched": bench_p} if benchmark_baseline is not None else None
     s = audit_session(context, workload_source, runner, profile_run=profile_run, benchmarks=bench,
-                      patched_run=after, patch=patch, training_config=training_config,
+                      patched_run=after, patch=patch, training_config=training_config, kb_matches=kb_matches,
                       history=warehouse.query(HISTORY_SQL))
     rep = s.audit_report()  # a replay's benchmarks are not observable: nothing runs
     png = s.out_dir / "report.png"

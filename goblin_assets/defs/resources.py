@@ -10,7 +10,7 @@ variables and defaults are :class:`goblin_assets.settings.AuditSettings`'s).
 warehouse: it writes frames in one transaction (and returns the metadata the
 table checks read back), runs queries, and builds SQL models, on
 dagster-duckdb's :class:`DuckDBResource` for the embedded file, or on a DuckLake
-catalog (``backend="ducklake"``: :func:`goblin_assets.warehouse.db.connect_ducklake`).
+catalog (``backend="ducklake"``: :func:`goblin_assets.warehouse.db.ducklake_connection`).
 On the file, every asset that writes it is in the pool :data:`POOL` (limit 1: DuckDB
 allows one writing process per file); on a DuckLake there is no pool: writers commit
 concurrently, each write a snapshot.
@@ -33,7 +33,7 @@ from goblin_assets.runners.base import Runner
 from goblin_assets.runners.factory import make_runner, runner_for
 from goblin_assets.runners.workload import Workload
 from goblin_assets.settings import AuditSettings, SettingsError, WarehouseSettings
-from goblin_assets.warehouse.db import connect_ducklake, ensure_tables, ensure_tables_retrying, run_query, write_frames
+from goblin_assets.warehouse.db import ducklake_connection, ensure_tables, run_query, write_frames
 from goblin_assets.warehouse.tables import TABLES
 
 #: The name of the pool of the single-file warehouse's writers (the instance's dagster.yaml limits it to 1).
@@ -174,12 +174,8 @@ class WarehouseResource(dg.ConfigurableResource):
     def connection(self) -> Iterator[duckdb.DuckDBPyConnection]:
         """An open connection with every table created."""
         if self.backend == "ducklake":
-            con = connect_ducklake(self.catalog, self.data)
-            try:
-                ensure_tables_retrying(con)
+            with ducklake_connection(self.catalog, self.data) as con:
                 yield con
-            finally:
-                con.close()
             return
         with self.duckdb.get_connection() as con:
             ensure_tables(con)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -108,6 +109,49 @@ def ensure_tables_retrying(con: duckdb.DuckDBPyConnection) -> None:
     _retrying(lambda: ensure_tables(con))
 
 
+#: (process id, catalog, data) -> [the process's attached DuckLake connection, whether its tables were ensured].
+_LAKES: dict[tuple[int, str, str], list] = {}
+
+
+@contextlib.contextmanager
+def ducklake_connection(catalog: str, data: str, read_only: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A cursor on this process's one attached DuckLake (:func:`connect_ducklake`), tables ensured once.
+
+    Attaching the catalog costs about 0.25 s (the extensions loaded, the catalog read from PostgreSQL;
+    measured on the local stack), a quarter of a replayed step on a Celery worker: a worker runs many
+    steps, so the attached database is kept per process (the key includes the process id: a forked
+    child attaches its own) and each use gets its own cursor, whose transactions start at the
+    catalog's latest snapshot.  ``read_only`` skips creating missing tables.
+
+    Raises
+    ------
+    WarehouseError
+        As :func:`connect_ducklake`; a cached connection that fails is dropped and attached again once.
+    """
+    key = (os.getpid(), catalog, data)
+    for attempt in (0, 1):
+        entry = _LAKES.get(key)
+        if entry is None:
+            entry = _LAKES[key] = [connect_ducklake(catalog, data), False]
+        try:
+            if not read_only and not entry[1]:
+                ensure_tables_retrying(entry[0])
+                entry[1] = True
+            cur = entry[0].cursor()
+            cur.execute(f"USE {LAKE}")
+            break
+        except duckdb.Error as exc:
+            _LAKES.pop(key, None)
+            with contextlib.suppress(duckdb.Error):
+                entry[0].close()
+            if attempt:
+                raise WarehouseError(f"the DuckLake {catalog!r} failed: {exc}") from None
+    try:
+        yield cur
+    finally:
+        cur.close()
+
+
 @contextlib.contextmanager
 def connect(path: str | Path | None = None, read_only: bool = False,
             settings: WarehouseSettings | None = None) -> Iterator[duckdb.DuckDBPyConnection]:
@@ -126,13 +170,8 @@ def connect(path: str | Path | None = None, read_only: bool = False,
     if path is None:
         ws = settings or WarehouseSettings.from_env()
         if ws.backend == "ducklake":
-            con = connect_ducklake(ws.catalog, ws.data)
-            try:
-                if not read_only:
-                    ensure_tables_retrying(con)
+            with ducklake_connection(ws.catalog, ws.data, read_only=read_only) as con:
                 yield con
-            finally:
-                con.close()
             return
     p = Path(path) if path else warehouse_path()
     p.parent.mkdir(parents=True, exist_ok=True)
