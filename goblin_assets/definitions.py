@@ -48,7 +48,6 @@ EXECUTOR = dg.multiprocess_executor.configured(
     {"start_method": {"forkserver": {"preload_modules": FORKSERVER_PRELOAD}}})
 
 
-
 #: dagster-celery's default queue (``dagster_celery.defaults.task_default_queue``): every worker listens on it.
 CELERY_DEFAULT_QUEUE = "dagster"
 
