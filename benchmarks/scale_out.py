@@ -33,19 +33,19 @@ from goblin_assets.audit.corpus import scenarios  # noqa: E402
 FILE_INSTANCE = "telemetry:\n  enabled: false\nconcurrency:\n  pools:\n    default_limit: 1\n"
 
 
-#: Seconds an arm may take before it is reported as not finished (``--timeout``).
+#: Default seconds an arm may take before it is reported as not finished (``--timeout``).
 TIMEOUT_S = 1200.0
 
 
-def _run(env: dict[str, str], parts: list[str]) -> float:
-    """Wall seconds of the audits of ``parts`` started together; ``inf`` when they did not finish in :data:`TIMEOUT_S`."""
+def _run(env: dict[str, str], parts: list[str], timeout: float) -> float:
+    """Wall seconds of the audits of ``parts`` started together; ``inf`` when they did not finish in ``timeout`` s."""
     stack.add_partitions(env, parts)
     kb = stack.materialize(env, stack.KB_SELECTION)
     out = kb.communicate(timeout=900)[0]
     if kb.returncode:
         raise SystemExit(f"kb index failed:\n{out[-3000:]}")
     try:
-        wall, runs = stack.audit_partitions(env, parts, timeout=TIMEOUT_S)
+        wall, runs = stack.audit_partitions(env, parts, timeout=timeout)
     except subprocess.TimeoutExpired:   # audit_partitions stopped every run it started
         return float("inf")
     bad = {p: text[-2000:] for p, (rc, text) in runs.items() if rc}
@@ -54,28 +54,27 @@ def _run(env: dict[str, str], parts: list[str]) -> float:
     return wall
 
 
-def file_arm(root: Path, parts: list[str]) -> float:
+def file_arm(root: Path, parts: list[str], timeout: float) -> float:
     home = root / "home"
     (home / "dagster").mkdir(parents=True)
     (home / "dagster" / "dagster.yaml").write_text(FILE_INSTANCE)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GOBLIN_WAREHOUSE", "GOBLIN_DUCKLAKE",
                                                                     "GOBLIN_EXECUTOR"))}
     env.update(GOBLIN_HOME=str(home), DAGSTER_HOME=str(home / "dagster"))
-    return _run(env, parts)
+    return _run(env, parts, timeout)
 
 
-def lake_arm(root: Path, parts: list[str], workers: int) -> float:
+def lake_arm(root: Path, parts: list[str], workers: int, timeout: float) -> float:
     s = stack.start(workers=workers, root=root / "stack")
     try:
         env = s.env()
         env["GOBLIN_HOME"] = str(root / "home")
-        return _run(env, parts)
+        return _run(env, parts, timeout)
     finally:
         s.stop()
 
 
 def main() -> int:
-    global TIMEOUT_S
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--partitions", type=int, default=8)
     ap.add_argument("--arms", default="file,ducklake-2,ducklake-4",
@@ -89,10 +88,9 @@ def main() -> int:
         print(f"cannot run: missing {missing} (make system-deps)")
         return 2
     parts = [f"synthetic/{f.name}" for f in scenarios()][:a.partitions]
-    TIMEOUT_S = a.timeout
-    every = {"file": ("file (pool limit 1, multiprocess executor)", lambda t: file_arm(t, parts)),
-             "ducklake-2": ("ducklake, 2 celery workers", lambda t: lake_arm(t, parts, 2)),
-             "ducklake-4": ("ducklake, 4 celery workers", lambda t: lake_arm(t, parts, 4))}
+    every = {"file": ("file (pool limit 1, multiprocess executor)", lambda t: file_arm(t, parts, a.timeout)),
+             "ducklake-2": ("ducklake, 2 celery workers", lambda t: lake_arm(t, parts, 2, a.timeout)),
+             "ducklake-4": ("ducklake, 4 celery workers", lambda t: lake_arm(t, parts, 4, a.timeout))}
     arms = dict(every[k.strip()] for k in a.arms.split(","))
     names = list(arms)
     walls: dict[str, list[float]] = {n: [] for n in names}

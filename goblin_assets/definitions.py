@@ -1,8 +1,6 @@
 """The single place where Dagster things are wired: ``goblin_assets.definitions:defs``."""
 from __future__ import annotations
 
-import os
-
 import dagster as dg
 
 from goblin_assets.defs.agent import AGENT_ASSETS
@@ -48,10 +46,6 @@ EXECUTOR = dg.multiprocess_executor.configured(
     {"start_method": {"forkserver": {"preload_modules": FORKSERVER_PRELOAD}}})
 
 
-#: dagster-celery's default queue (``dagster_celery.defaults.task_default_queue``): every worker listens on it.
-CELERY_DEFAULT_QUEUE = "dagster"
-
-
 def celery_config(queue: str) -> dict:
     """dagster-celery executor config sending every step of a run to the Celery queue ``queue``.
 
@@ -74,22 +68,19 @@ def executor_from_env() -> dg.ExecutorDefinition:
     Raises
     ------
     SettingsError
-        ``GOBLIN_EXECUTOR`` is neither ``multiprocess`` nor ``celery``.
+        ``GOBLIN_EXECUTOR`` is neither ``multiprocess`` nor ``celery`` (:class:`ExecutorSettings`).
     """
-    from goblin_assets.settings import SettingsError
+    from goblin_assets.settings import ExecutorSettings
 
-    kind = os.environ.get("GOBLIN_EXECUTOR", "multiprocess").strip().lower()
-    if kind == "celery":
+    settings = ExecutorSettings.from_env()
+    if settings.kind == "celery":
         from dagster_celery import celery_executor
 
-        queue = os.environ.get("GOBLIN_CELERY_QUEUE", "").strip() or CELERY_DEFAULT_QUEUE
         return celery_executor.configured(
             lambda cfg: celery_config(cfg["queue"]), name="celery",
-            config_schema={"queue": dg.Field(str, default_value=queue, is_required=False,
+            config_schema={"queue": dg.Field(str, default_value=settings.queue, is_required=False,
                                              description="Celery queue every step of the run is sent to "
                                                          "(one per GPU host: its worker's -q)")})
-    if kind != "multiprocess":
-        raise SettingsError(f"GOBLIN_EXECUTOR={kind!r}: must be 'multiprocess' (default) or 'celery'")
     return EXECUTOR
 
 

@@ -155,3 +155,34 @@ class WarehouseSettings(BaseModel):
             raise SettingsError("GOBLIN_WAREHOUSE=ducklake needs GOBLIN_DUCKLAKE_CATALOG (a PostgreSQL DSN) "
                                 "and GOBLIN_DUCKLAKE_DATA (where the Parquet files go)")
         return cls(backend=backend, catalog=catalog, data=data)
+
+
+ExecutorKind = Literal["multiprocess", "celery"]
+
+
+class ExecutorSettings(BaseModel):
+    """Where a run's steps execute, read from the environment here and nowhere else.
+
+    ``GOBLIN_EXECUTOR``: ``multiprocess`` (default: steps forked beside the run) or ``celery``
+    (dagster-celery workers on any host; deploy/README.md).  ``GOBLIN_CELERY_QUEUE``: the queue a
+    run's steps go to when its run config names none (default ``dagster``, the queue every
+    dagster-celery worker listens on).
+    """
+
+    kind: ExecutorKind = "multiprocess"
+    queue: str = "dagster"
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> ExecutorSettings:
+        """The settings of ``GOBLIN_EXECUTOR`` and ``GOBLIN_CELERY_QUEUE``.
+
+        Raises
+        ------
+        SettingsError
+            ``GOBLIN_EXECUTOR`` is neither ``multiprocess`` nor ``celery``.
+        """
+        env = os.environ if environ is None else environ
+        kind = (env.get("GOBLIN_EXECUTOR") or "multiprocess").strip().lower()
+        if kind not in ("multiprocess", "celery"):
+            raise SettingsError(f"GOBLIN_EXECUTOR={kind!r}: must be 'multiprocess' (default) or 'celery'")
+        return cls(kind=kind, queue=(env.get("GOBLIN_CELERY_QUEUE") or "").strip() or "dagster")
