@@ -5,7 +5,6 @@ import dagster as dg
 
 from goblin_assets.defs.agent import AGENT_ASSETS
 from goblin_assets.defs.audit import AUDIT_ASSETS
-from goblin_assets.defs.checks import AUDIT_CHECKS
 from goblin_assets.defs.automation import automation_sensor, observe_rocm_image_daily, observe_rocm_image_job
 from goblin_assets.defs.mining import MINING_ASSETS
 from goblin_assets.defs.opscope import OPSCOPE_ASSETS
@@ -86,7 +85,6 @@ def executor_from_env() -> dg.ExecutorDefinition:
 
 defs = dg.Definitions(
     assets=[*AUDIT_ASSETS, *AGENT_ASSETS, *OPSCOPE_ASSETS, *MINING_ASSETS, *SQL_ASSETS, *TRACE_ASSETS],
-    asset_checks=AUDIT_CHECKS,
     sensors=[workload_folders_sensor, automation_sensor, trace_files_sensor],
     schedules=[observe_rocm_image_daily],
     jobs=[observe_rocm_image_job],

@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     known = set(instance.get_dynamic_partitions(workloads_partitions.name))
     instance.add_dynamic_partitions(workloads_partitions.name, [n for n in names if n not in known])
     graph = defs.resolve_asset_graph()
-    assets = [*defs.assets, *defs.asset_checks]
+    assets = list(defs.assets)
     resources = defs.resources
     before, partitioned, after = demo_selection(graph, lab)
     t0 = time.perf_counter()

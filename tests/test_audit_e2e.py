@@ -62,7 +62,13 @@ def test_goblin_audit_json_on_digits(goblin_home, tmp_path):
     assert out["measured_speedup"] > 1.2, out["benchmark"]
     # every speedup has an interval (issue 15): paired repeats, added until it decides or the budget is spent
     iv = out["measured_speedup_interval"]
-    assert iv["verdict"] == "faster" and 1.0 < iv["low"] <= out["measured_speedup"] <= iv["high"], iv
+    assert iv["low"] <= out["measured_speedup"] <= iv["high"], iv
+    if iv["verdict"] != "faster":  # a loaded machine (CI's) can spend the budget before the interval decides:
+        # the report must then say so, never "faster"; the point estimate above still shows the gain
+        assert iv["verdict"] == "no significant change" and iv["low"] <= 1.0 <= iv["high"], iv
+        assert "time budget" in out["benchmark"]["patched"]["stop_reason"], out["benchmark"]["patched"]
+    else:
+        assert iv["low"] > 1.0, iv
     assert iv["level"] == 0.95 and iv["paired"] and iv["pairs"] >= 2
     pairs = iv["pairs"]
     # the prediction learned from the three earlier audits (measured about half of the predicted 2.5x mid)
@@ -91,7 +97,7 @@ def test_goblin_audit_json_on_digits(goblin_home, tmp_path):
     row = query(f"SELECT speedup_low, speedup_high, speedup_pairs, speedup_verdict, calibration_audits FROM audits "
                 f"WHERE audit_id='{aid}'", db).iloc[0]
     assert (row.speedup_low, row.speedup_high, row.speedup_pairs, row.speedup_verdict, row.calibration_audits) == \
-        (pytest.approx(iv["low"]), pytest.approx(iv["high"]), pairs, "faster", 3)
+        (pytest.approx(iv["low"]), pytest.approx(iv["high"]), pairs, iv["verdict"], 3)
     # goblin sql reads the same file
     r = _goblin("sql", "SELECT label, count(*) AS n FROM benchmarks GROUP BY label ORDER BY label", "--json",
                 env_home=goblin_home)

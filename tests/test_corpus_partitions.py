@@ -18,7 +18,6 @@ import pytest
 from goblin_assets.audit.corpus import corpus_recall, judge_scenario, recording_problem
 from goblin_assets.audit.kb import load_kb
 from goblin_assets.defs.audit import AUDIT_ASSETS
-from goblin_assets.defs.checks import AUDIT_CHECKS
 from goblin_assets.defs.partitions import workloads_partitions
 from goblin_assets.runners.replay import RECORDING_NAME
 from tests.conftest import WORKLOADS, dagster_resources
@@ -68,7 +67,7 @@ def corpus_instance(tmp_path, monkeypatch):
 
 def test_only_the_bad_partition_check_fails_and_the_good_partition_materializes(corpus_instance):
     _, instance, resources = corpus_instance
-    assets = [*AUDIT_ASSETS, *AUDIT_CHECKS]
+    assets = [*AUDIT_ASSETS]
     top = dg.materialize(assets, selection=["kb_rules", "kb_index"], instance=instance, resources=resources)
     assert top.success                                   # the summary fails (WARN) without blocking kb_index
     summary = next(e for e in top.get_asset_check_evaluations() if e.check_name == "kb_corpus_recall")
@@ -93,7 +92,7 @@ def test_a_scenario_that_misses_its_rules_fails_its_own_kb_matches_check(corpus_
     root, instance, resources = corpus_instance
     spec = (root / GOOD / "expected_findings.yaml").read_text()
     (root / GOOD / "expected_findings.yaml").write_text(spec.replace("must_fire:", "must_fire:\n  - no.such_rule", 1))
-    assets = [*AUDIT_ASSETS, *AUDIT_CHECKS]
+    assets = [*AUDIT_ASSETS]
     assert dg.materialize(assets, selection=["kb_rules", "kb_index"], instance=instance, resources=resources).success
     keys = ["workload_source", "training_config", "profile_run", "waste_budget", "tensor_sketches", "mined_patterns",
             "kb_matches"]
@@ -107,7 +106,7 @@ def test_a_scenario_that_misses_its_rules_fails_its_own_kb_matches_check(corpus_
 def test_the_summary_passes_without_a_corpus_folder(tmp_path, monkeypatch):
     (tmp_path / "workloads").mkdir()
     monkeypatch.setenv("GOBLIN_WORKLOADS", str(tmp_path / "workloads"))
-    res = dg.materialize([*AUDIT_ASSETS, *AUDIT_CHECKS], selection=["kb_rules"],
+    res = dg.materialize([*AUDIT_ASSETS], selection=["kb_rules"],
                          instance=dg.DagsterInstance.ephemeral(), resources=dagster_resources(tmp_path / "wh.duckdb"))
     summary = next(e for e in res.get_asset_check_evaluations() if e.check_name == "kb_corpus_recall")
     assert res.success and summary.passed and summary.metadata["scenarios"].value == 0

@@ -83,7 +83,7 @@ def test_materialize_digits_partition_in_process_and_the_cli_agrees(tmp_path, mo
     instance = dg.DagsterInstance.ephemeral()
     instance.add_dynamic_partitions(workloads_partitions.name, ["digits_mlp"])
     resources = dagster_resources(db, profiled_steps=3, bench_steps=8, bench_repeats=1, sketch_steps=2)
-    assets = [*defs.assets, *defs.asset_checks]
+    assets = list(defs.assets)
     assert dg.materialize(assets, selection=["kb_rules", "kb_index"], instance=instance, resources=resources).success
     graph = _graph()
     partitioned = [k for k in graph.get_all_asset_keys()    # the audit's stages (recorded traces: tests/test_trace_cli.py)
@@ -141,5 +141,5 @@ def test_the_demo_selection_resolves_as_one_job(lab):
     assert dg.AssetKey("audit_report") in partitioned and dg.AssetKey("recorded_trace") not in partitioned
     for i, sel in enumerate((before, partitioned, list(after))):   # resolving a job of mixed partitions raises
         job = dg.define_asset_job(f"demo_{i}", selection=sel)
-        dg.Definitions(assets=defs.assets, asset_checks=defs.asset_checks, jobs=[job],
+        dg.Definitions(assets=defs.assets, jobs=[job],
                        resources=defs.resources).resolve_job_def(f"demo_{i}")

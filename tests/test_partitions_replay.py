@@ -20,7 +20,7 @@ from goblin_assets.audit.corpus import scenarios
 from goblin_assets.cli import main
 from goblin_assets.defs.agent import AGENT_ASSETS
 from goblin_assets.defs.audit import AUDIT_ASSETS
-from goblin_assets.defs.checks import AUDIT_CHECKS, read_back
+from goblin_assets.defs.checks import read_back
 from goblin_assets.defs.partitions import workloads_partitions
 from goblin_assets.defs.resources import LocalRunnerResource
 from goblin_assets.runners.local import LocalRunner
@@ -73,7 +73,7 @@ def replayed(tmp_path_factory):
     instance = dg.DagsterInstance.ephemeral()
     instance.add_dynamic_partitions(workloads_partitions.name, SCENARIOS)
     resources = dagster_resources(db)
-    assets = [*AUDIT_ASSETS, *AGENT_ASSETS, *AUDIT_CHECKS]
+    assets = [*AUDIT_ASSETS, *AGENT_ASSETS]
     assert dg.materialize(assets, selection=["kb_rules", "kb_index"], instance=instance, resources=resources).success
     partitioned = [k for a in [*AUDIT_ASSETS, *AGENT_ASSETS] if a.partitions_def is not None for k in a.keys]
     results = {p: dg.materialize(assets, selection=partitioned, partition_key=p, instance=instance,

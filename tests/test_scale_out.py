@@ -42,7 +42,6 @@ def reference(tmp_path_factory):
     """Rows per table after the same 8 audits on the embedded DuckDB file (in process)."""
     from goblin_assets.defs.agent import AGENT_ASSETS
     from goblin_assets.defs.audit import AUDIT_ASSETS
-    from goblin_assets.defs.checks import AUDIT_CHECKS
     from goblin_assets.defs.partitions import workloads_partitions
 
     tmp = tmp_path_factory.mktemp("reference")
@@ -52,7 +51,7 @@ def reference(tmp_path_factory):
     instance = dg.DagsterInstance.ephemeral()
     instance.add_dynamic_partitions(workloads_partitions.name, PARTITIONS)
     resources = dagster_resources(db)
-    assets = [*AUDIT_ASSETS, *AGENT_ASSETS, *AUDIT_CHECKS]
+    assets = [*AUDIT_ASSETS, *AGENT_ASSETS]
     sel = stack.AUDIT_SELECTION.split(",")
     assert dg.materialize(assets, selection=stack.KB_SELECTION.split(","), instance=instance,
                           resources=resources).success

@@ -2,8 +2,9 @@
 
 Each asset opens an :class:`~goblin_assets.audit.session.AuditSession` seeded
 with its upstream assets' values, calls the one stage it is named after,
-writes that stage's rows through the warehouse resource and attaches
-metadata.  Nothing here runs, parses or decides anything itself.
+writes that stage's rows through the warehouse resource and returns its value
+with metadata and its in-asset checks' results (goblin_assets/defs/checks.py).
+Nothing here runs, parses or decides anything itself.
 """
 
 import base64
@@ -21,6 +22,8 @@ from goblin_assets.audit.retrieval import MODEL_NAME, KBIndex
 from goblin_assets.audit.session import AuditSession
 from goblin_assets.contracts import BenchmarkResult, ConfigDict, Patch, RuleMatch, RunMetrics
 from goblin_assets.defs.automation import REAUDIT, rocm_image
+from goblin_assets.defs.checks import (check_specs, kb_corpus_recall, rows_check, scenario_expected_findings,
+                                       scenario_recording, waste_budget_sums_to_step_time)
 from goblin_assets.defs.partitions import workloads_partitions
 from goblin_assets.defs.resources import POOL, RunnerResource, WarehouseResource
 from goblin_assets.redact import redact
@@ -58,90 +61,98 @@ def _not_observable(s: AuditSession, stage: str) -> dict:
     return {"status": "not_observable" if reason else "measured", "reason": reason}
 
 
-@dg.asset(group_name="configs", **_KW)
-def workload_source(context: dg.AssetExecutionContext) -> Workload:
+@dg.asset(group_name="configs", check_specs=check_specs("workload_source"), **_KW)
+def workload_source(context: dg.AssetExecutionContext):
     """The workload folder of this partition: `workloads/<name>/workload.yaml` and its entry script, or a replay folder (`synthetic/<scenario>`: a recorded `cached_metrics.json` and a config file, never run)."""
     wl = load_workload(workloads_root() / context.partition_key)
-    context.add_output_metadata({"entry": dg.MetadataValue.path(str(wl.script)), "unit": wl.unit,
-                                 "script_sha256": wl.script_hash(), "runs_as": "replay" if wl.replay else "script",
-                                 "recording": dg.MetadataValue.path(str(wl.root / wl.recording)) if wl.recording
-                                 else "none"})
-    return wl
+    return dg.MaterializeResult(value=wl, check_results=[scenario_recording(context.partition_key)], metadata={
+        "entry": dg.MetadataValue.path(str(wl.script)), "unit": wl.unit, "script_sha256": wl.script_hash(),
+        "runs_as": "replay" if wl.replay else "script",
+        "recording": dg.MetadataValue.path(str(wl.root / wl.recording)) if wl.recording else "none"})
 
 
-@dg.asset(group_name="configs", code_version="parse-v1", pool=POOL, **_KW)
+@dg.asset(group_name="configs", code_version="parse-v1", pool=POOL, check_specs=check_specs("training_config"),
+          **_KW)
 def training_config(context: dg.AssetExecutionContext, workload_source: Workload, runner: RunnerResource,
-                    warehouse: WarehouseResource) -> ConfigDict:
+                    warehouse: WarehouseResource):
     """The training configuration parsed from the user's file, with per-field provenance and warnings (table `configs`)."""
     s = audit_session(context, workload_source, runner)
     cfg = s.training_config()
     rows = "\n".join(f"| {k} | {v} | {cfg.provenance[k].kind if k in cfg.provenance else ''} |"
                      for k, v in cfg.values().items())
-    context.add_output_metadata({**warehouse.write(s.rows("training_config")),
-                                 "config": dg.MetadataValue.md("| field | value | from |\n|---|---|---|\n" + rows),
-                                 "warnings": dg.MetadataValue.json(cfg.warnings)})
-    return cfg
+    written = warehouse.write(s.rows("training_config"))
+    return dg.MaterializeResult(value=cfg, check_results=[rows_check("training_config", "configs", written, warehouse)],
+                                metadata={**written, "warnings": dg.MetadataValue.json(cfg.warnings),
+                                          "config": dg.MetadataValue.md("| field | value | from |\n|---|---|---|\n"
+                                                                        + rows)})
 
 
-@dg.asset(group_name="profiling", pool=POOL, deps=[rocm_image], **_AUTO, **_KW)
+@dg.asset(group_name="profiling", pool=POOL, deps=[rocm_image], check_specs=check_specs("profile_run"), **_AUTO,
+          **_KW)
 def profile_run(context: dg.AssetExecutionContext, workload_source: Workload, runner: RunnerResource,
-                warehouse: WarehouseResource) -> RunMetrics:
+                warehouse: WarehouseResource):
     """A few steps of the workload under torch.profiler in a child process: RunMetrics and a Chrome trace (a replay folder's recording, labelled replayed or modelled)."""
     s = audit_session(context, workload_source, runner)
     m = s.profile_run()
-    context.add_output_metadata({**warehouse.write(s.rows("profile_run")),
-                                 "trace": dg.MetadataValue.path(m.trace_path or ""),
-                                 "step_time_s": m.step_time_s, f"{m.unit}_per_sec": m.throughput or 0.0,
-                                 "run_id": f"{s.audit_id}-profile", "provenance": m.provenance.kind})
-    return m
+    written = warehouse.write(s.rows("profile_run"))
+    return dg.MaterializeResult(value=m, check_results=[rows_check("profile_run", "kernels", written, warehouse)],
+                                metadata={**written, "trace": dg.MetadataValue.path(m.trace_path or ""),
+                                          "step_time_s": m.step_time_s, f"{m.unit}_per_sec": m.throughput or 0.0,
+                                          "run_id": f"{s.audit_id}-profile", "provenance": m.provenance.kind})
 
 
-@dg.asset(group_name="profiling", pool=POOL, **_AUTO, **_KW)
+@dg.asset(group_name="profiling", pool=POOL, check_specs=check_specs("waste_budget"), **_AUTO, **_KW)
 def waste_budget(context: dg.AssetExecutionContext, workload_source: Workload, profile_run: RunMetrics,
-                 runner: RunnerResource, warehouse: WarehouseResource) -> dict:
+                 runner: RunnerResource, warehouse: WarehouseResource):
     """Step time split into useful, data_wait, host_gap, comm_excess, precision_path and kernel_shape."""
     s = audit_session(context, workload_source, runner, profile_run=profile_run)
     rows = s.rows("waste_budget")
     md = "| bucket | ms/step | share | status |\n|---|---|---|---|\n" + "\n".join(
         f"| {r.bucket} | {r.time_per_step_s * 1e3:.2f} | {r.share:.0%} | {r.status} |"
         for r in rows["waste_budget"].itertuples())
-    context.add_output_metadata({**warehouse.write(rows), "budget": dg.MetadataValue.md(md)})
-    return {k: v.model_dump() for k, v in s.waste_budget().items()}
+    written = warehouse.write(rows)
+    budget = {k: v.model_dump() for k, v in s.waste_budget().items()}
+    return dg.MaterializeResult(value=budget, metadata={**written, "budget": dg.MetadataValue.md(md)}, check_results=[
+        rows_check("waste_budget", "waste_budget", written, warehouse),
+        waste_budget_sums_to_step_time(budget, profile_run)])
 
 
-@dg.asset(group_name="sketches", pool=POOL, deps=[profile_run], dagster_type=table_type("sketches"), **_AUTO, **_KW)
+@dg.asset(group_name="sketches", pool=POOL, deps=[profile_run], dagster_type=table_type("sketches"),
+          check_specs=check_specs("tensor_sketches"), **_AUTO, **_KW)
 def tensor_sketches(context: dg.AssetExecutionContext, workload_source: Workload, runner: RunnerResource,
-                    warehouse: WarehouseResource) -> pd.DataFrame:
+                    warehouse: WarehouseResource):
     """The full sketch set (opscope/sketches.py: scalars, 32-bin histogram, per-channel and per-row vectors, sampled elements) of every forward matmul's lhs, rhs and out, tapped on the device (none, with the reason, for a replay)."""
     s = audit_session(context, workload_source, runner)
     df = s.tensor_sketches()
-    context.add_output_metadata({**warehouse.write(s.rows("tensor_sketches")),
-                                 **_not_observable(s, "tensor_sketches"),
-                                 "sites": dg.MetadataValue.json(sorted(df["site"].unique().tolist()))})
-    return df
+    written, status = warehouse.write(s.rows("tensor_sketches")), _not_observable(s, "tensor_sketches")
+    return dg.MaterializeResult(
+        value=df, check_results=[rows_check("tensor_sketches", "sketches", written, warehouse, status["status"])],
+        metadata={**written, **status, "sites": dg.MetadataValue.json(sorted(df["site"].unique().tolist()))})
 
 
-@dg.asset(group_name="mining", pool=POOL, dagster_type=table_type("patterns"), **_AUTO, **_KW)
+@dg.asset(group_name="mining", pool=POOL, dagster_type=table_type("patterns"), check_specs=check_specs("mined_patterns"),
+          **_AUTO, **_KW)
 def mined_patterns(context: dg.AssetExecutionContext, workload_source: Workload, tensor_sketches: pd.DataFrame,
-                   runner: RunnerResource, warehouse: WarehouseResource) -> pd.DataFrame:
+                   runner: RunnerResource, warehouse: WarehouseResource):
     """Findings per site and role: sparse GEMM candidates, quantisation headroom, stationary vs drifting tensors (read by kb_matches as `patterns.<site>.<finding>`)."""
     s = audit_session(context, workload_source, runner, tensor_sketches=tensor_sketches)
     df = s.mined_patterns()
-    context.add_output_metadata({**warehouse.write(s.rows("mined_patterns")), "findings": dg.MetadataValue.md(
-        df[["site", "role", "finding", "score"]].to_markdown(index=False) if not df.empty else "_none_")})
-    return df
+    written = warehouse.write(s.rows("mined_patterns"))
+    return dg.MaterializeResult(
+        value=df, check_results=[rows_check("mined_patterns", "patterns", written, warehouse)],
+        metadata={**written, "findings": dg.MetadataValue.md(
+            df[["site", "role", "finding", "score"]].to_markdown(index=False) if not df.empty else "_none_")})
 
 
-@dg.asset(group_name="kb", code_version="kb-v1", kinds={"yaml"})
-def kb_rules(context: dg.AssetExecutionContext) -> KnowledgeBase:
+@dg.asset(group_name="kb", code_version="kb-v1", kinds={"yaml"}, check_specs=check_specs("kb_rules"))
+def kb_rules(context: dg.AssetExecutionContext):
     """The hand-written, cited rules of the packaged KB (goblin_assets/kb/rocm_rules.yaml), validated (versioned by content hash)."""
     kb = load_kb()
     counts: dict[str, int] = {}
     for r in kb.rules:
         counts[r.category] = counts.get(r.category, 0) + 1
-    context.add_output_metadata({"rules": len(kb.rules), "sha256": kb.sha256,
-                                 "per_category": dg.MetadataValue.json(counts)})
-    return kb
+    return dg.MaterializeResult(value=kb, check_results=[kb_corpus_recall(kb)], metadata={
+        "rules": len(kb.rules), "sha256": kb.sha256, "per_category": dg.MetadataValue.json(counts)})
 
 
 @dg.asset(group_name="kb", code_version="kb-index-v2", pool=POOL, kinds={"duckdb"})
@@ -158,22 +169,22 @@ def kb_index(context: dg.AssetExecutionContext, kb_rules: KnowledgeBase, warehou
     return idx
 
 
-@dg.asset(group_name="kb", pool=POOL, deps=[waste_budget], **_AUTO, **_KW)
+@dg.asset(group_name="kb", pool=POOL, deps=[waste_budget], check_specs=check_specs("kb_matches"), **_AUTO, **_KW)
 def kb_matches(context: dg.AssetExecutionContext, workload_source: Workload, training_config: ConfigDict,
                profile_run: RunMetrics, mined_patterns: pd.DataFrame, kb_rules: KnowledgeBase, kb_index: KBIndex,
-               runner: RunnerResource, warehouse: WarehouseResource) -> list[RuleMatch]:
+               runner: RunnerResource, warehouse: WarehouseResource):
     """Every rule's detect conditions checked on this workload's config, waste budget, host (a replay's recorded one) and mined tensor patterns."""
     s = audit_session(context, workload_source, runner, kb=kb_rules, training_config=training_config,
                       profile_run=profile_run, mined_patterns=mined_patterns, kb_index=kb_index)
     matches = s.kb_matches()
     top = sorted((m for m in matches if m.retrieval_score is not None), key=lambda m: -m.retrieval_score)[:5]
-    context.add_output_metadata({
+    return dg.MaterializeResult(value=matches, check_results=[
+        scenario_expected_findings(context.partition_key, matches)], metadata={
         **warehouse.write(s.rows("kb_matches")),
         "fired": dg.MetadataValue.json([m.rule_id for m in matches if m.fired]),
         "host": dg.MetadataValue.json({"source": s.host.source, "cores": s.cores()}),
         "retrieval_top5": dg.MetadataValue.md("| rule | retrieval | detect | fired |\n|---|---|---|---|\n" + "\n".join(
             f"| {m.rule_id} | {m.retrieval_score:.3f} | {m.detect_score:.2f} | {m.fired} |" for m in top))})
-    return matches
 
 
 @dg.asset(group_name="patches", **_AUTO, **_KW)
@@ -199,7 +210,7 @@ def patch(context: dg.AssetExecutionContext, workload_source: Workload, training
     group_name="benchmarks", pool=POOL, partitions_def=workloads_partitions,
     outs={"benchmark_baseline": dg.AssetOut(kinds={"python"}, **_AUTO),
           "benchmark_patched": dg.AssetOut(kinds={"python"}, **_AUTO)},
-    deps=[rocm_image],
+    deps=[rocm_image], check_specs=check_specs("benchmark_baseline"),
     internal_asset_deps={
         "benchmark_baseline": {dg.AssetKey("training_config"), dg.AssetKey("workload_source"), rocm_image.key},
         "benchmark_patched": {dg.AssetKey("patch"), dg.AssetKey("workload_source"), rocm_image.key}},
@@ -210,8 +221,10 @@ def benchmarks(context: dg.AssetExecutionContext, workload_source: Workload, tra
     s = audit_session(context, workload_source, runner, training_config=training_config, patch=patch)
     bench, after = s.benchmarks(), s.patched_run()
     if bench is None or after is None:
+        status = _not_observable(s, "benchmarks")
         for lab, value in (("baseline", None), ("patched", (None, None))):
-            yield dg.Output(value, output_name=f"benchmark_{lab}", metadata=_not_observable(s, "benchmarks"))
+            yield dg.Output(value, output_name=f"benchmark_{lab}", metadata=status)
+        yield rows_check("benchmark_baseline", "benchmarks", {}, warehouse, status["status"])
         return
     meta = warehouse.write(s.rows("benchmarks"))
     for lab in ("baseline", "patched"):
@@ -219,6 +232,7 @@ def benchmarks(context: dg.AssetExecutionContext, workload_source: Workload, tra
         yield dg.Output((b, after) if lab == "patched" else b, output_name=f"benchmark_{lab}", metadata={
             **meta, "status": "measured", "median_per_s": b.median, "spread_per_s": b.spread,
             "throughputs": dg.MetadataValue.json(b.throughputs), "cache_hit": b.cache_hit})
+    yield rows_check("benchmark_baseline", "benchmarks", meta, warehouse)
 
 
 @dg.asset(group_name="reports", pool=POOL, **_AUTO, **_KW)
