@@ -198,7 +198,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.fn(args)
     except GoblinError as exc:
-        console.print(f"goblin {args.cmd}: error: {exc}", style="bold red", highlight=False, markup=False)
+        console.print(f"goblin {args.cmd}: error: {exc}", style="bold red", highlight=False, markup=False,
+                      soft_wrap=True)  # a path in the message stays whole in a log (no wrapping at 80 columns)
         return 2
     except KeyboardInterrupt:
         console.print("interrupted")
