@@ -48,7 +48,7 @@ def test_goblin_audit_json_on_digits(goblin_home, tmp_path):
     """
     wl = seeded_workload(tmp_path / "workloads")
     _seed_history(goblin_home / "warehouse.duckdb", "data.loader_workers_with_threads", [1.3, 1.35, 1.4], 2.0, 3.0)
-    r = _goblin("audit", str(wl), "--steps", "5", "--bench-steps", "15", "--repeats", "3", "--bench-budget", "60",
+    r = _goblin("audit", str(wl), "--steps", "5", "--bench-steps", "15", "--repeats", "3", "--bench-budget", "40",
                 "--json", env_home=goblin_home)
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout)
