@@ -39,6 +39,15 @@ def table_type(table: str) -> dg.DagsterType:
 
 
 _KW = dict(partitions_def=workloads_partitions, kinds={"python"})
+
+
+def value_type(cls: type, name: str | None = None) -> dg.DagsterType:
+    """The Dagster type of an asset's value returned through ``MaterializeResult(value=...)``.
+
+    An asset with in-asset checks cannot annotate ``-> MaterializeResult[T]`` (Dagster 1.13 then asks for a
+    tuple of outputs), so the type is named here: the UI shows it and the step checks ``isinstance``.
+    """
+    return dg.PythonObjectDagsterType(cls, name=name or cls.__name__)
 _AUTO = dict(automation_condition=REAUDIT)  # stages downstream of rocm_image: re-run when it changes
 
 
@@ -61,7 +70,7 @@ def _not_observable(s: AuditSession, stage: str) -> dict:
     return {"status": "not_observable" if reason else "measured", "reason": reason}
 
 
-@dg.asset(group_name="configs", check_specs=check_specs("workload_source"), **_KW)
+@dg.asset(group_name="configs", check_specs=check_specs("workload_source"), dagster_type=value_type(Workload), **_KW)
 def workload_source(context: dg.AssetExecutionContext):
     """The workload folder of this partition: `workloads/<name>/workload.yaml` and its entry script, or a replay folder (`synthetic/<scenario>`: a recorded `cached_metrics.json` and a config file, never run)."""
     wl = load_workload(workloads_root() / context.partition_key)
@@ -72,7 +81,7 @@ def workload_source(context: dg.AssetExecutionContext):
 
 
 @dg.asset(group_name="configs", code_version="parse-v1", pool=POOL, check_specs=check_specs("training_config"),
-          **_KW)
+          dagster_type=value_type(ConfigDict), **_KW)
 def training_config(context: dg.AssetExecutionContext, workload_source: Workload, runner: RunnerResource,
                     warehouse: WarehouseResource):
     """The training configuration parsed from the user's file, with per-field provenance and warnings (table `configs`)."""
@@ -87,8 +96,8 @@ def training_config(context: dg.AssetExecutionContext, workload_source: Workload
                                                                         + rows)})
 
 
-@dg.asset(group_name="profiling", pool=POOL, deps=[rocm_image], check_specs=check_specs("profile_run"), **_AUTO,
-          **_KW)
+@dg.asset(group_name="profiling", pool=POOL, deps=[rocm_image], check_specs=check_specs("profile_run"),
+          dagster_type=value_type(RunMetrics), **_AUTO, **_KW)
 def profile_run(context: dg.AssetExecutionContext, workload_source: Workload, runner: RunnerResource,
                 warehouse: WarehouseResource):
     """A few steps of the workload under torch.profiler in a child process: RunMetrics and a Chrome trace (a replay folder's recording, labelled replayed or modelled)."""
@@ -101,7 +110,8 @@ def profile_run(context: dg.AssetExecutionContext, workload_source: Workload, ru
                                           "run_id": f"{s.audit_id}-profile", "provenance": m.provenance.kind})
 
 
-@dg.asset(group_name="profiling", pool=POOL, check_specs=check_specs("waste_budget"), **_AUTO, **_KW)
+@dg.asset(group_name="profiling", pool=POOL, check_specs=check_specs("waste_budget"),
+          dagster_type=value_type(dict, "WasteBudget"), **_AUTO, **_KW)
 def waste_budget(context: dg.AssetExecutionContext, workload_source: Workload, profile_run: RunMetrics,
                  runner: RunnerResource, warehouse: WarehouseResource):
     """Step time split into useful, data_wait, host_gap, comm_excess, precision_path and kernel_shape."""
@@ -130,8 +140,8 @@ def tensor_sketches(context: dg.AssetExecutionContext, workload_source: Workload
         metadata={**written, **status, "sites": dg.MetadataValue.json(sorted(df["site"].unique().tolist()))})
 
 
-@dg.asset(group_name="mining", pool=POOL, dagster_type=table_type("patterns"), check_specs=check_specs("mined_patterns"),
-          **_AUTO, **_KW)
+@dg.asset(group_name="mining", pool=POOL, dagster_type=table_type("patterns"),
+          check_specs=check_specs("mined_patterns"), **_AUTO, **_KW)
 def mined_patterns(context: dg.AssetExecutionContext, workload_source: Workload, tensor_sketches: pd.DataFrame,
                    runner: RunnerResource, warehouse: WarehouseResource):
     """Findings per site and role: sparse GEMM candidates, quantisation headroom, stationary vs drifting tensors (read by kb_matches as `patterns.<site>.<finding>`)."""
@@ -144,7 +154,8 @@ def mined_patterns(context: dg.AssetExecutionContext, workload_source: Workload,
             df[["site", "role", "finding", "score"]].to_markdown(index=False) if not df.empty else "_none_")})
 
 
-@dg.asset(group_name="kb", code_version="kb-v1", kinds={"yaml"}, check_specs=check_specs("kb_rules"))
+@dg.asset(group_name="kb", code_version="kb-v1", kinds={"yaml"}, check_specs=check_specs("kb_rules"),
+          dagster_type=value_type(KnowledgeBase))
 def kb_rules(context: dg.AssetExecutionContext):
     """The hand-written, cited rules of the packaged KB (goblin_assets/kb/rocm_rules.yaml), validated (versioned by content hash)."""
     kb = load_kb()
@@ -169,7 +180,8 @@ def kb_index(context: dg.AssetExecutionContext, kb_rules: KnowledgeBase, warehou
     return idx
 
 
-@dg.asset(group_name="kb", pool=POOL, deps=[waste_budget], check_specs=check_specs("kb_matches"), **_AUTO, **_KW)
+@dg.asset(group_name="kb", pool=POOL, deps=[waste_budget], check_specs=check_specs("kb_matches"),
+          dagster_type=value_type(list, "RuleMatches"), **_AUTO, **_KW)
 def kb_matches(context: dg.AssetExecutionContext, workload_source: Workload, training_config: ConfigDict,
                profile_run: RunMetrics, mined_patterns: pd.DataFrame, kb_rules: KnowledgeBase, kb_index: KBIndex,
                runner: RunnerResource, warehouse: WarehouseResource):
