@@ -10,7 +10,7 @@ For each model (``workloads/digits_mlp``: the 64-256-256-10 MLP of its
 run:
 
 1. record ``--steps`` training steps' matmul sketches with ``MatmulTap``
-   (:func:`goblin_assets.opscope.plan.record_target`);
+   (:func:`goblin_assets.opscope.plan_e2e.record_target`);
 2. mine them and build the actuation plan with its op-level A/B micro-benchmarks
    (:func:`goblin_assets.opscope.plan.plan`, ``--repeats`` timed blocks per form);
 3. for every kept candidate (an op-level A/B measured, on an ``nn.Linear``
@@ -18,9 +18,9 @@ run:
    op level and time the whole forward (and a training step: forward +
    backward, where the exploit runs under autograd) A/B, ``--pairs``
    alternating blocks, Student's t interval on the paired log ratios
-   (:func:`goblin_assets.audit.benchmark.speedup_interval`); the exploited
+   (:func:`goblin_assets.measure.benchmark.speedup_interval`); the exploited
    output is checked against the original (relative Frobenius error vs the
-   exploit's tolerance, :data:`~goblin_assets.opscope.plan.E2E_TOLERANCE`);
+   exploit's tolerance, :data:`~goblin_assets.opscope.plan_e2e.E2E_TOLERANCE`);
 4. apply each exploit at all its kept sites at once and time that too.
 
 Printed per candidate: op-level speedup (median ratio, and the unpaired Welch
@@ -48,8 +48,8 @@ import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
 from goblin_assets.opscope.miner import mine_patterns  # noqa: E402
-from goblin_assets.opscope.plan import (AB_THREADS, E2E_PAIRS, REPEATS, measure_e2e, plan,  # noqa: E402
-                                        record_target, workload_target)
+from goblin_assets.opscope.plan import AB_THREADS, REPEATS, plan  # noqa: E402
+from goblin_assets.opscope.plan_e2e import E2E_PAIRS, measure_e2e, record_target, workload_target  # noqa: E402
 
 
 def _iv(d: dict | None) -> str:

@@ -34,7 +34,7 @@ def check(workload: str, steps: int) -> dict:
     """Profile ``workload`` on cuda and compare our trace reading with HTA's (µs)."""
     from hta.trace_analysis import TraceAnalysis
 
-    from goblin_assets.audit.profile import profile_run
+    from goblin_assets.measure.profile import profile_run
     from goblin_assets.runners.local import LocalRunner
     from goblin_assets.runners.trace import read_trace
     from goblin_assets.runners.workload import load_workload

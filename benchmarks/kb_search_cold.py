@@ -8,7 +8,7 @@ pays it.  The rule and phrase embeddings are already cached in the warehouse
 encoding the query:
 
 * **numpy** (the default): the query is encoded by
-  ``goblin_assets.audit.retrieval.MiniLMEncoder`` (the packaged MiniLM weights
+  ``goblin_assets.kb.encoder.MiniLMEncoder`` (the packaged MiniLM weights
   in numpy, ``tokenizers`` for the tokenizer);
 * **baseline**: ``GOBLIN_KB_ENCODER=sentence-transformers``, the same search
   with the query encoded by sentence-transformers (imports transformers,

@@ -4,7 +4,7 @@
 chooses the fusion weight there (best mean reciprocal rank over a 0.05 grid;
 Bruch et al. 2023's convex combination) and fits the Platt sigmoid of the fused
 score on every (phrasing, rule) pair (label: the rule answers the phrasing),
-then prints the constants to keep in ``goblin_assets/audit/retrieval.py``
+then prints the constants to keep in ``goblin_assets/kb/retrieval.py``
 (``FUSION_LEXICAL_WEIGHT``, ``PLATT_A``, ``PLATT_B``).
 
 ``--saturation`` also compares lexical mappings by leave-one-phrasing-out
@@ -26,8 +26,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from goblin_assets.audit import retrieval as R
-from goblin_assets.audit.kb import load_kb
+from goblin_assets.kb import retrieval as R
+from goblin_assets.kb.rules import load_kb
 
 DATA = Path(__file__).resolve().parents[1] / "tests" / "data"
 

@@ -42,7 +42,7 @@ def _fmt(v, unit: str = "", scale: float = 1.0, digits: int = 2) -> str:
 
 
 def cmd_audit(args) -> int:
-    from goblin_assets.audit.report import speedup_text
+    from goblin_assets.report.markdown import speedup_text
     from goblin_assets.warehouse.db import write
 
     frames, trace_note = {}, ""
@@ -118,7 +118,7 @@ def cmd_profile(args) -> int:
 
 
 def cmd_parse(args) -> int:
-    from goblin_assets.audit.config import config_to_json, parse_config, render_config_table
+    from goblin_assets.config.parse import config_to_json, parse_config, render_config_table
 
     cfg = parse_config(args.file)
     if args.json:

@@ -45,8 +45,8 @@ def settings_from_args(args):
 
 def cached_embeddings(kb):
     """The warehouse's ``kb_embeddings`` rows of this KB version (None when the warehouse cannot be read now)."""
-    from goblin_assets.audit.retrieval import MODEL_NAME
     from goblin_assets.errors import WarehouseError
+    from goblin_assets.kb.encoder import MODEL_NAME
     from goblin_assets.warehouse.db import query
 
     try:
@@ -56,11 +56,11 @@ def cached_embeddings(kb):
 
 
 def audit_history():
-    """The warehouse's measured ``audits`` rows (:data:`~goblin_assets.audit.calibration.HISTORY_SQL`), for
+    """The warehouse's measured ``audits`` rows (:data:`~goblin_assets.measure.calibration.HISTORY_SQL`), for
     the rules' measured/predicted record; None when the warehouse cannot be read now (the prediction is
     then the model's alone)."""
-    from goblin_assets.audit.calibration import HISTORY_SQL
     from goblin_assets.errors import WarehouseError
+    from goblin_assets.measure.calibration import HISTORY_SQL
     from goblin_assets.warehouse.db import query
 
     try:
@@ -76,8 +76,8 @@ def open_session(args, with_kb: bool = True, workload=None, **kw):
     ``with_kb``: load the rules, the warehouse's cached rule embeddings and its audit history (the rules'
     measured record) up front (an audit needs all three).
     """
-    from goblin_assets.audit.kb import load_kb
     from goblin_assets.audit.session import AuditSession
+    from goblin_assets.kb.rules import load_kb
     from goblin_assets.runners.workload import load_workload
 
     wl = workload or load_workload(args.path)

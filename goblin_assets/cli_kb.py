@@ -6,7 +6,7 @@
 ``search`` ranks rules by a fusion of semantic similarity (all-MiniLM-L6-v2
 over each rule's symptom, fix and the phrases users write for it) and BM25
 over the same words, and gives each hit a calibrated relevance in ``[0, 1]``
-with a ``weak match`` flag (goblin_assets/audit/retrieval.py).  Retrieval
+with a ``weak match`` flag (goblin_assets/kb/retrieval.py).  Retrieval
 only proposes: whether a rule fires on a run is decided by its ``detect``
 conditions during an audit.  The rule and phrase embeddings are cached in the
 warehouse table ``kb_embeddings`` per KB version; a cold search imports
@@ -30,8 +30,8 @@ from goblin_assets.contracts import Rule
 from goblin_assets.errors import KBError
 
 if TYPE_CHECKING:
-    from goblin_assets.audit.kb import KnowledgeBase
-    from goblin_assets.audit.retrieval import Hit, KBIndex, PhraseIndex
+    from goblin_assets.kb.retrieval import Hit, KBIndex, PhraseIndex
+    from goblin_assets.kb.rules import KnowledgeBase
 
 
 def rule_json(rule: Rule, score: float | None = None, hit: Hit | None = None) -> dict[str, Any]:
@@ -41,7 +41,7 @@ def rule_json(rule: Rule, score: float | None = None, hit: Hit | None = None) ->
     (BM25 saturated into ``[0, 1)``), ``relevance`` (the
     calibrated probability that the rule answers the query, ``[0, 1]``) and
     ``weak_match`` (relevance below
-    :data:`~goblin_assets.audit.retrieval.WEAK_MATCH_BELOW`).
+    :data:`~goblin_assets.kb.retrieval.WEAK_MATCH_BELOW`).
     """
     doc: dict[str, Any] = {"id": rule.id}
     if hit is not None:
@@ -80,7 +80,7 @@ def _error(cmd: str, exc: Exception) -> int:
 
 
 def _is_default_kb(kb: "KnowledgeBase") -> bool:
-    from goblin_assets.audit.kb import DEFAULT_KB
+    from goblin_assets.kb.rules import DEFAULT_KB
 
     return str(kb.path) == str(DEFAULT_KB)
 
@@ -97,7 +97,7 @@ def search_phrases(kb: "KnowledgeBase", path: str | None = None) -> dict[str, li
     KBError
         The phrases file is invalid, or an explicit one names a rule ``kb`` lacks.
     """
-    from goblin_assets.audit.retrieval import load_phrases
+    from goblin_assets.kb.retrieval import load_phrases
 
     if path or _is_default_kb(kb):
         return load_phrases(kb, path)
@@ -114,10 +114,15 @@ def cached_search_indexes(kb: "KnowledgeBase",
     read or written right now (another process holds DuckDB's write lock)
     only costs the encoding.
     """
-    from goblin_assets.audit.retrieval import (
-        MODEL_NAME, embedding_frame, index_for, phrase_frame, phrase_index_for, phrase_model,
-    )
     from goblin_assets.errors import WarehouseError
+    from goblin_assets.kb.retrieval import (
+        MODEL_NAME,
+        embedding_frame,
+        index_for,
+        phrase_frame,
+        phrase_index_for,
+        phrase_model,
+    )
     from goblin_assets.warehouse.db import query, write
 
     try:
@@ -144,8 +149,8 @@ def cmd_kb_search(args: argparse.Namespace) -> int:
 
     Exit 2 on a bad KB or phrases file.
     """
-    from goblin_assets.audit.kb import load_kb
-    from goblin_assets.audit.retrieval import WEAK_MATCH_BELOW, search
+    from goblin_assets.kb.retrieval import WEAK_MATCH_BELOW, search
+    from goblin_assets.kb.rules import load_kb
 
     try:
         kb = load_kb(args.kb)
@@ -184,8 +189,8 @@ def cmd_kb_check(args: argparse.Namespace) -> int:
     must name only rules of the KB; with a KB of your own and the packaged
     phrases, the phrases of rules it lacks are reported, not an error.
     """
-    from goblin_assets.audit.kb import load_kb
-    from goblin_assets.audit.retrieval import load_phrases
+    from goblin_assets.kb.retrieval import load_phrases
+    from goblin_assets.kb.rules import load_kb
 
     phrases_arg = getattr(args, "phrases", None)
     try:

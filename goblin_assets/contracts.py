@@ -161,7 +161,7 @@ class RunProvenance(BaseModel):
 
 
 class Signal(BaseModel):
-    """One of the run's own signals (audit/signals.py): a known message that came, or a derived record.
+    """One of the run's own signals (measure/signals.py): a known message that came, or a derived record.
 
     ``count``: how many times; ``message``: its first text; ``where``: ``file:line``
     of a warning, ``stderr``, ``loss``, ``optimizer`` or ``parameters``;
@@ -190,7 +190,7 @@ class RunMetrics(BaseModel):
     ``memory_headroom_gb`` over the activation memory per sample (estimated,
     linear in the batch), bounded by the dataset when the harness knows its
     size, and null ("memory is not the limit", see ``not_observable``) when
-    it would extrapolate too far (audit/profile.py).
+    it would extrapolate too far (measure/profile.py).
     ``prefetch_warmup_steps``: optimizer steps the harness added to the
     warm-up to drain the DataLoader's prefetch queue (None: not reported).
     ``not_observable`` maps a null field's name to the reason it is null.
@@ -201,7 +201,7 @@ class RunMetrics(BaseModel):
     counted) after which a parameter held NaN or inf, and
     ``nonfinite_params`` those parameters as the harness describes them
     (optimizers hold tensors, not names: place, shape, dtype; empty: none
-    was non-finite at the end; audit/evidence.py reads them).
+    was non-finite at the end; measure/evidence.py reads them).
     """
 
     ok: bool = True
@@ -273,7 +273,7 @@ class BenchmarkResult(BaseModel):
     min).  ``pair_id`` names the benchmark call that measured them: arms
     with the same ``pair_id`` ran in alternation, so repeat ``i`` of each
     forms pair ``i`` (None: measured alone).  ``stop_reason`` says why no
-    further repeat was added (audit/benchmark.py, adaptive repeats),
+    further repeat was added (measure/benchmark.py, adaptive repeats),
     ``looks`` how many times that call checked the speedup's interval, and
     ``elapsed_s`` the wall-clock seconds it spent measuring.
     """

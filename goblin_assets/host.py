@@ -49,7 +49,7 @@ KNOWN_PACKAGES: tuple[str, ...] = ("torch", "transformers", "peft", "trl", "acce
 #: The CPU flags of bf16 matrix instructions (``/proc/cpuinfo``): AMX tiles and AVX-512 BF16 dot products.
 BF16_MATMUL_FLAGS: tuple[str, ...] = ("amx_bf16", "avx512_bf16")
 
-#: Keys of the ``host.*`` root of detect conditions (audit/kb.py).
+#: Keys of the ``host.*`` root of detect conditions (kb/rules.py).
 HOST_KEYS: tuple[str, ...] = ("online_cpus", "affinity_cpus", "numa_nodes", "amx_bf16", "avx512_bf16",
                               "cpu_bf16_matmul", "devices")
 

@@ -44,7 +44,7 @@ class AuditSettings(BaseModel):
     ``bench_repeats`` alternating repeats per arm (the minimum: more pairs
     are added while the speedup's interval is undecided and
     ``bench_budget_s``, wall-clock seconds of the whole benchmark stage, is
-    not spent; audit/benchmark.py), ``sketch_steps`` recorded by the matmul
+    not spent; measure/benchmark.py), ``sketch_steps`` recorded by the matmul
     tap.  ``timeout_s``: wall-clock limit per child run
     (seconds); ``mem_cap_gb``: the child's address-space cap (GB; None for
     none).  ``python``: the interpreter the user's script runs in (the user's

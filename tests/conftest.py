@@ -59,7 +59,7 @@ def goblin_home(tmp_path, monkeypatch) -> Path:
 @pytest.fixture(scope="session")
 def digits_profile(tmp_path_factory):
     """One real profiled run of workloads/digits_mlp (6 steps), shared by tests that only read it."""
-    from goblin_assets.audit.profile import profile_run
+    from goblin_assets.measure.profile import profile_run
     from goblin_assets.runners.local import LocalRunner
     from goblin_assets.runners.workload import load_workload
 

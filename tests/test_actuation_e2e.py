@@ -14,8 +14,17 @@ import pytest
 import torch
 
 from goblin_assets.opscope.miner import mine_patterns
-from goblin_assets.opscope.plan import (E2E_TOLERANCE, e2e_verdict, exploited_module, linear_sites, plan,
-                                        record_target, swapped, workload_target)
+from goblin_assets.opscope.plan import plan
+from goblin_assets.opscope.plan_e2e import (
+    E2E_TOLERANCE,
+    e2e_verdict,
+    exploited_module,
+    linear_sites,
+    measure_e2e,
+    record_target,
+    swapped,
+    workload_target,
+)
 from goblin_assets.warehouse.db import validate
 
 
@@ -27,7 +36,7 @@ def _rel(y, ref):
 def digits():
     target = workload_target("digits_mlp", steps=2)
     sk = record_target(target, run_id="digits-e2e")
-    pl = plan(mine_patterns(sk), sk, repeats=3, e2e=target, e2e_pairs=3)
+    pl, _ = measure_e2e(plan(mine_patterns(sk), sk, repeats=3), target, sk, pairs=3)
     return target, sk, pl
 
 
@@ -144,7 +153,7 @@ def test_minilm_lora_exploits_on_real_modules():
 def test_interval_marks_no_significant_change_on_a_synthetic_case():
     from scipy.stats import t
 
-    from goblin_assets.audit.benchmark import CONFIDENCE_LEVEL, per_look_level
+    from goblin_assets.measure.benchmark import CONFIDENCE_LEVEL, per_look_level
 
     base = [1.00, 1.02, 0.98, 1.01, 0.99, 1.00]
     same = [0.97, 1.04, 1.00, 0.99, 1.01, 0.98]       # ratios straddle 1.0
@@ -166,13 +175,13 @@ def test_interval_marks_no_significant_change_on_a_synthetic_case():
 def test_plan_driver_times_packaged_workloads_end_to_end(digits, tmp_path, monkeypatch):
     import functools
 
-    from goblin_assets.opscope import mining
+    from goblin_assets.opscope import mining, plan_e2e
     from goblin_assets.opscope import plan as planmod
     from goblin_assets.warehouse.db import query, write
 
     # the driver imports these when it runs: fewer timed blocks keep the test fast
     monkeypatch.setattr(planmod, "plan", functools.partial(planmod.plan, repeats=2))
-    monkeypatch.setattr(planmod, "measure_e2e", functools.partial(planmod.measure_e2e, pairs=2, combined=False))
+    monkeypatch.setattr(plan_e2e, "measure_e2e", functools.partial(plan_e2e.measure_e2e, pairs=2, combined=False))
 
     _, sk, _ = digits
     other = sk.assign(run_id="other-run", workload="synthetic")

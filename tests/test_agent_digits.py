@@ -14,15 +14,15 @@ import dagster as dg
 import pytest
 
 from goblin_assets.agent import CANONICAL_ORDER
-from goblin_assets.audit import benchmark as benchmark_module
-from goblin_assets.audit.kb import load_kb
 from goblin_assets.audit.session import AuditSession
-from goblin_assets.audit.report import render_markdown
 from goblin_assets.cli import main
 from goblin_assets.defs.agent import ConversationConfig, audit_conversation
 from goblin_assets.defs.resources import LocalRunnerResource
-from goblin_assets.settings import AuditSettings
+from goblin_assets.kb.rules import load_kb
+from goblin_assets.measure import benchmark as benchmark_module
+from goblin_assets.report.markdown import render_markdown
 from goblin_assets.runners.workload import load_workload
+from goblin_assets.settings import AuditSettings
 from tests.conftest import WORKLOADS
 
 pytestmark = pytest.mark.slow

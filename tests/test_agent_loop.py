@@ -18,13 +18,26 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from goblin_assets.agent import (
-    CANONICAL_ORDER, MAX_TOOL_CALLS, SYSTEM_PROMPT, TOOLS, AgentBackendError, AuditSession, FinalReport,
-    OfflinePlanner, OpenAIChatBackend, Thought, ToolCall, ToolInputError, ToolResult, make_backend, run_agent,
+    CANONICAL_ORDER,
+    MAX_TOOL_CALLS,
+    SYSTEM_PROMPT,
+    TOOLS,
+    AgentBackendError,
+    AuditSession,
+    FinalReport,
+    OfflinePlanner,
+    OpenAIChatBackend,
+    Thought,
+    ToolCall,
+    ToolInputError,
+    ToolResult,
+    make_backend,
+    run_agent,
     transcript_markdown,
 )
 from goblin_assets.agent.loop import tool_content
-from goblin_assets.audit.kb import load_kb
 from goblin_assets.cli import main
+from goblin_assets.kb.rules import load_kb
 from goblin_assets.runners.workload import load_workload
 from tests.conftest import WORKLOADS
 from tests.test_redact import SECRETS
@@ -398,7 +411,7 @@ def test_a_speedup_whose_interval_holds_1_is_no_significant_change():
     from types import SimpleNamespace
 
     from goblin_assets.agent.tools import report_summary
-    from goblin_assets.audit.benchmark import SpeedupInterval
+    from goblin_assets.measure.benchmark import SpeedupInterval
 
     iv = SpeedupInterval(point=1.04, low=0.93, high=1.16, pairs=3, paired=True, method="t", verdict="no significant change")
     rep = SimpleNamespace(measured_speedup=1.04, measured_interval=iv, predicted_low=1.1, predicted_high=1.5,

@@ -5,7 +5,7 @@ import math
 import shutil
 from pathlib import Path
 
-from goblin_assets.audit import benchmark as B
+from goblin_assets.measure import benchmark as B
 from goblin_assets.runners.local import LocalRunner
 from goblin_assets.runners.workload import load_workload
 from tests.conftest import WORKLOADS

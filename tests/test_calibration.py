@@ -4,10 +4,15 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from goblin_assets.audit.calibration import (
-    CREDIBILITY_K, HISTORY_COLUMNS, HISTORY_SQL, MIN_AUDITS, calibrate, rule_records,
-)
 from goblin_assets.contracts import AppliedRule, Citation, Patch
+from goblin_assets.measure.calibration import (
+    CREDIBILITY_K,
+    HISTORY_COLUMNS,
+    HISTORY_SQL,
+    MIN_AUDITS,
+    calibrate,
+    rule_records,
+)
 
 CITE = Citation(title="t", section="s", url="https://example.org")
 
@@ -64,8 +69,9 @@ def test_a_benchmark_replayed_from_the_cache_counts_once():
 
 def test_the_record_is_the_speedup_calibration_models_numbers():
     """measured/predicted and within-range per rule: the SQL model marts/speedup_calibration.sql on the same rows."""
-    import duckdb
     from importlib.resources import files
+
+    import duckdb
 
     from goblin_assets.warehouse.db import ensure_tables
     from goblin_assets.warehouse.frames import _frame

@@ -5,13 +5,11 @@ from pathlib import Path
 
 import pytest
 
-from goblin_assets.audit.changeset import ChangeSet, resolve_changes
-from goblin_assets.audit.config import parse_config
-from goblin_assets.audit.kb import KnowledgeBase
-from goblin_assets.audit.patch import propose_patch, write_changes
-from goblin_assets.contracts import (
-    Citation, ConfigDict, Fix, Rule, RuleMatch, RunMetrics, RunProvenance, WasteBucket,
-)
+from goblin_assets.config.parse import parse_config
+from goblin_assets.contracts import Citation, ConfigDict, Fix, Rule, RuleMatch, RunMetrics, RunProvenance, WasteBucket
+from goblin_assets.kb.rules import KnowledgeBase
+from goblin_assets.patch.changeset import ChangeSet, resolve_changes
+from goblin_assets.patch.propose import propose_patch, write_changes
 from tests.conftest import WORKLOADS
 
 # a config that names a file that does not exist: resolving reads no file

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from goblin_assets.audit.waste import waste_budget
+from goblin_assets.measure.waste import waste_budget
 from goblin_assets.runners.categories import classify
 from goblin_assets.runners.trace import read_trace
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from goblin_assets.audit.config import parse_config
+from goblin_assets.config.parse import parse_config
 from goblin_assets.contracts import ConfigDict
 from goblin_assets.errors import ConfigParseError
 

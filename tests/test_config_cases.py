@@ -11,10 +11,10 @@ import pytest
 import yaml
 from rich.console import Console
 
-from goblin_assets.audit.config import config_to_json, parse_config, render_config_table
-from goblin_assets.audit.patch import edit_source
+from goblin_assets.config.parse import config_to_json, parse_config, render_config_table
 from goblin_assets.contracts import CONFIG_FIELDS
 from goblin_assets.errors import PatchError
+from goblin_assets.patch.propose import edit_source
 
 SHARED_CASES = Path(__file__).resolve().parents[1].parent / "shared" / "cases" / "configs"
 LOCAL_CASES = Path(__file__).resolve().parent / "data" / "configs"

@@ -10,7 +10,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from goblin_assets.audit.config import parse_config
+from goblin_assets.config.parse import parse_config
 
 #: TrainingArguments keyword -> (ConfigDict field, strategy)
 KEYWORDS = {

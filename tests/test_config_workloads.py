@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from goblin_assets.audit.config import parse_config
+from goblin_assets.config.parse import parse_config
 
 WORKLOADS = Path(__file__).resolve().parents[1] / "workloads"
 

@@ -16,9 +16,9 @@ import dagster as dg
 import pytest
 
 from goblin_assets.audit.corpus import corpus_recall, judge_scenario, recording_problem
-from goblin_assets.audit.kb import load_kb
 from goblin_assets.defs.audit import AUDIT_ASSETS
 from goblin_assets.defs.partitions import workloads_partitions
+from goblin_assets.kb.rules import load_kb
 from goblin_assets.runners.replay import RECORDING_NAME
 from tests.conftest import WORKLOADS, dagster_resources
 

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from goblin_assets.audit.config import parse_config
 from goblin_assets.audit.corpus import corpus_recall, replay_scenario, scenarios
-from goblin_assets.audit.kb import PROFILER_ENV, load_kb, match_rules
-from goblin_assets.audit.patch import propose_patch
+from goblin_assets.config.parse import parse_config
+from goblin_assets.kb.rules import PROFILER_ENV, load_kb, match_rules
+from goblin_assets.patch.propose import propose_patch
 from goblin_assets.runners.replay import RECORDING_NAME
 from tests.conftest import WORKLOADS
 

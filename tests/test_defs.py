@@ -6,12 +6,12 @@ import json
 import dagster as dg
 import pytest
 
-from goblin_assets.definitions import defs
 from goblin_assets.audit.corpus import scenarios
+from goblin_assets.cli import main
+from goblin_assets.definitions import defs
 from goblin_assets.defs.partitions import workload_folders_sensor, workload_names, workloads_partitions
 from goblin_assets.warehouse.db import connect, query
 from goblin_assets.warehouse.sql_models import build_model, load_models
-from goblin_assets.cli import main
 from tests.conftest import WORKLOADS, dagster_resources
 
 STAGES = ["workload_source", "training_config", "profile_run", "waste_budget", "tensor_sketches", "mined_patterns",
@@ -75,7 +75,7 @@ def test_materialize_digits_partition_in_process_and_the_cli_agrees(tmp_path, mo
     The benchmark cache key's runner-code hash is pinned: someone editing goblin_assets/runners meanwhile
     would (rightly) make the second audit miss the cache.
     """
-    from goblin_assets.audit import benchmark as benchmark_module
+    from goblin_assets.measure import benchmark as benchmark_module
 
     monkeypatch.setattr(benchmark_module, "runner_code_hash", lambda h=benchmark_module.runner_code_hash(): h)
     monkeypatch.setenv("GOBLIN_HOME", str(tmp_path / "home"))
@@ -131,8 +131,8 @@ def test_materialize_digits_partition_in_process_and_the_cli_agrees(tmp_path, mo
 def test_the_demo_selection_resolves_as_one_job(lab):
     """``make demo`` materializes its partitioned stages in one run per workload: they must share one
     partitions definition (the recorded traces' own partitions stay out), and every selection must resolve."""
-    from goblin_assets.defs.partitions import workloads_partitions
     from goblin_assets.definitions import defs
+    from goblin_assets.defs.partitions import workloads_partitions
     from goblin_assets.demo import demo_selection
 
     graph = defs.resolve_asset_graph()

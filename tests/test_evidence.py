@@ -1,6 +1,6 @@
 """Evidence survives: a run whose loss turns NaN ends in a report that names NaN, the site, the step and the cause.
 
-Unit tests of :mod:`goblin_assets.audit.evidence` on mined patterns of a
+Unit tests of :mod:`goblin_assets.measure.evidence` on mined patterns of a
 real fp16 recording (tests/test_mining_miner.py ``record_half``) with configs
 of each precision setup, then the whole audit of ``tests/data/half_workload``
 (a tiny MLP trained after ``model.half()``): every stage runs, the warehouse
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from goblin_assets.audit.config import parse_config
-from goblin_assets.audit.evidence import FINDING, nonfinite_evidence, nonfinite_section, train_step
+from goblin_assets.config.parse import parse_config
 from goblin_assets.contracts import RunMetrics
+from goblin_assets.measure.evidence import FINDING, nonfinite_evidence, nonfinite_section, train_step
 
 HALF = Path(__file__).parent / "data" / "half_workload"
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from goblin_assets.audit.waste import gemm_estimates, tile_waste_fraction, waste_budget
+from goblin_assets.measure.waste import gemm_estimates, tile_waste_fraction, waste_budget
 from goblin_assets.runners.trace import read_trace
 from tests.data.gpu_trace import COLLECTIVE_US, EXPOSED_US, STEP_US, STEPS, write_gpu_trace
 
@@ -106,7 +106,7 @@ def test_comm_excess_is_zero_measured_without_collectives(tmp_path):
 
 
 def test_mfu_precision_follows_the_gemm_time(gpu_trace_path):
-    from goblin_assets.audit.profile import gemm_precision
+    from goblin_assets.measure.profile import gemm_precision
 
     s = read_trace(gpu_trace_path)
     assert gemm_precision(s) == "fp32"  # 40 µs fp32 addmm vs 20 µs bf16 mm per step

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from goblin_assets.audit import profile as P
 from goblin_assets.contracts import RunMetrics
+from goblin_assets.measure import profile as P
 from goblin_assets.runners.result import HarnessResult, StepRecord
 from goblin_assets.runners.trace import TraceSummary
 

@@ -213,3 +213,48 @@ def test_only_the_dagster_layer_imports_dagster():
 def test_only_the_warehouse_opens_duckdb():
     bad = _importers_of(lambda top: top in ("duckdb", "dagster_duckdb"), DUCKDB_ALLOWED)
     assert not bad, "duckdb imported outside warehouse/ and defs/resources.py:\n" + "\n".join(bad)
+
+
+#: The layers of docs/architecture.md, lowest first: a package (or top-level module) imports only from
+#: its own layer or the layers below it, so the rooms' imports point one way.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("goblin_assets", "contracts", "errors", "settings", "host", "redact", "ids", "lockcheck"),  # shared
+    ("warehouse",),     # storage
+    ("runners",),       # running a workload, the harness, the trace reader, device facts
+    ("config",),        # reading a training setup
+    ("measure",),       # profile, waste budget, signals, benchmark, calibration, evidence
+    ("opscope",),       # sketches, miner, plan, tensor findings
+    ("kb",),            # the rules, their matching and search
+    ("patch",),         # change sets and the writers that edit the user's file
+    ("report",),        # the report model and its renderings
+    ("trace",),         # recorded-trace analyses
+    ("audit",),         # the audit session and its stages, the synthetic corpus
+    ("agent",),         # the conversational agent
+    ("cli", "cli_common", "cli_kb", "cli_chat", "cli_trace", "cli_opscope", "cli_opscope_mine"),  # front doors
+    ("defs", "definitions", "demo", "stack"),  # orchestration
+)
+
+
+def _room(module: str) -> str:
+    """The package (or top-level module) of ``module`` directly under goblin_assets."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def test_rooms_import_downward_only():
+    rank = {room: i for i, layer in enumerate(LAYERS) for room in layer}
+    rooms = {_room(m) for m in _modules()}
+    assert rooms <= set(rank), f"rooms missing from LAYERS (and docs/architecture.md): {sorted(rooms - set(rank))}"
+    upward = sorted(f"{m} -> {t}" for m, targets in import_graph().items() for t in targets
+                    if rank[_room(t)] > rank[_room(m)])
+    assert not upward, "imports pointing up the layers:\n" + "\n".join(upward)
+
+
+def test_no_room_holds_more_than_a_quarter_of_the_code():
+    """Rooms that say what they hold: no package of goblin_assets has more than ~25 % of its lines."""
+    lines = {room: 0 for room in {_room(m) for m in _modules()}}
+    for mod, path in _modules().items():
+        lines[_room(mod)] += len(path.read_text(encoding="utf-8").splitlines())
+    total = sum(lines.values())
+    big = {room: f"{n / total:.0%}" for room, n in lines.items() if n > 0.25 * total}
+    assert not big, f"packages over a quarter of the {total} lines: {big}"

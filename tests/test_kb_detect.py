@@ -3,11 +3,16 @@ from __future__ import annotations
 
 import pytest
 
-from goblin_assets.audit.kb import (
-    check_condition, detect_context, eval_fix_value, load_kb, match_rules, version_at_least,
-)
 from goblin_assets.contracts import ConfigDict, KernelShare, RunMetrics, RunProvenance, WasteBucket
 from goblin_assets.host import HostFacts
+from goblin_assets.kb.rules import (
+    check_condition,
+    detect_context,
+    eval_fix_value,
+    load_kb,
+    match_rules,
+    version_at_least,
+)
 from goblin_assets.runners.categories import category_pct
 
 NO_AMX = HostFacts(source="set", cores=2, online_cpus=2, affinity_cpus=2, numa_nodes=1, amx_bf16=False,
@@ -173,7 +178,7 @@ def test_mined_patterns_are_evidence_rules_can_read():
     """``patterns.<site>.<finding>``: the highest score of a finding at a site (dotted module paths), or anywhere."""
     import pandas as pd
 
-    from goblin_assets.audit.kb import _check_condition_paths
+    from goblin_assets.kb.rules import _check_condition_paths
 
     pats = pd.DataFrame({"site": ["encoder.layer.0.query", "encoder.layer.0.query", "linear_1"],
                          "role": ["lhs", "rhs", "lhs"], "finding": ["sparse_gemm", "stationary", "sparse_gemm"],

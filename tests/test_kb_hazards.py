@@ -6,16 +6,24 @@ from pathlib import Path
 
 import pytest
 
-from goblin_assets.audit.changeset import resolve_changes
-from goblin_assets.audit.config import parse_config
-from goblin_assets.audit.kb import KnowledgeBase, detect_context, load_kb, local_world_size, match_rules
-from goblin_assets.audit.patch import propose_patch
-from goblin_assets.audit.signals import run_signals, signal_counts
+from goblin_assets.config.parse import parse_config
 from goblin_assets.contracts import (
-    Citation, ConfigDict, Fix, Rule, RuleMatch, RunMetrics, RunProvenance, VersionRange, WasteBucket,
+    Citation,
+    ConfigDict,
+    Fix,
+    Rule,
+    RuleMatch,
+    RunMetrics,
+    RunProvenance,
+    VersionRange,
+    WasteBucket,
 )
 from goblin_assets.errors import KBError
 from goblin_assets.host import HostFacts
+from goblin_assets.kb.rules import KnowledgeBase, detect_context, load_kb, local_world_size, match_rules
+from goblin_assets.measure.signals import run_signals, signal_counts
+from goblin_assets.patch.changeset import resolve_changes
+from goblin_assets.patch.propose import propose_patch
 from goblin_assets.runners.devices import device_facts
 from goblin_assets.runners.result import HarnessResult
 

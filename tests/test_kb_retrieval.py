@@ -16,10 +16,10 @@ import pandas as pd
 import pytest
 import yaml
 
-from goblin_assets.audit import retrieval
-from goblin_assets.audit.kb import load_kb
 from goblin_assets.cli_kb import add_kb_parser
 from goblin_assets.contracts import ConfigDict, RunMetrics, WasteBucket
+from goblin_assets.kb import encoder, retrieval
+from goblin_assets.kb.rules import load_kb
 from goblin_assets.warehouse.db import connect, query, write
 
 #: (what a user says, the rule it should surface in the top 5)
@@ -237,8 +237,8 @@ def test_numpy_encoder_matches_sentence_transformers(kb):
     texts = ([retrieval.rule_text(r) for r in kb.rules[:20]] + [t for t, _ in CASES[:15]] + titles
              + ["", "x", "NaN", "CUDA_LAUNCH_BLOCKING=1 HIP_LAUNCH_BLOCKING=1", "Déjà vu: ÜBER-naïve fp16 ✓",
                 "out of memory " * 200, "  leading and trailing spaces  "])
-    ours = retrieval.load_numpy_encoder().encode(texts)
-    ref = np.asarray(retrieval.load_encoder().encode(texts, convert_to_numpy=True, normalize_embeddings=True,
+    ours = encoder.load_numpy_encoder().encode(texts)
+    ref = np.asarray(encoder.load_encoder().encode(texts, convert_to_numpy=True, normalize_embeddings=True,
                                                      show_progress_bar=False), dtype=np.float32)
     assert len(texts) >= 50 and ours.shape == ref.shape == (len(texts), 384)
     np.testing.assert_allclose(np.linalg.norm(ours, axis=1), 1.0, atol=1e-5)
@@ -247,10 +247,10 @@ def test_numpy_encoder_matches_sentence_transformers(kb):
 
 
 def test_encoder_backend_is_chosen_by_the_environment(monkeypatch):
-    monkeypatch.delenv(retrieval.ENCODER_ENV, raising=False)
-    assert retrieval.encoder_backend() == "numpy"
-    monkeypatch.setenv(retrieval.ENCODER_ENV, "sentence-transformers")
-    assert retrieval.encoder_backend() == "sentence-transformers"
+    monkeypatch.delenv(encoder.ENCODER_ENV, raising=False)
+    assert encoder.encoder_backend() == "numpy"
+    monkeypatch.setenv(encoder.ENCODER_ENV, "sentence-transformers")
+    assert encoder.encoder_backend() == "sentence-transformers"
 
 
 def test_cold_search_imports_no_heavy_library(tmp_path: Path):
@@ -265,7 +265,7 @@ def test_cold_search_imports_no_heavy_library(tmp_path: Path):
             " if m in sys.modules]\n"
             "print(json.dumps({'rc': rc, 'heavy': heavy, 'top': json.loads(buf.getvalue())[0]['id']}))\n")
     env = {**os.environ, "GOBLIN_HOME": str(tmp_path), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    env.pop(retrieval.ENCODER_ENV, None)
+    env.pop(encoder.ENCODER_ENV, None)
     for _ in range(2):  # the first run encodes and writes the cache, the second reads it
         p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
         assert p.returncode == 0, p.stderr[-2000:]
@@ -316,7 +316,7 @@ def test_a_kb_of_your_own_searches_with_the_packaged_phrases_of_its_rules(kb, tm
     f = tmp_path / "kb.yaml"
     rules = yaml.safe_load(kb.path.read_text())["rules"]
     f.write_text(yaml.safe_dump({"rules": [r for r in rules if r["id"].startswith("precision.")]}))
-    from goblin_assets.audit.kb import load_kb as _load
+    from goblin_assets.kb.rules import load_kb as _load
 
     mine = _load(f)
     assert [r.id for r in mine.rules] == [r.id for r in keep]

@@ -9,12 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from goblin_assets.audit.kb import (
-    DEFAULT_KB, PROFILER_ENV, _check_condition_paths, load_kb, version_tuple,
-)
 from goblin_assets.cli_kb import add_kb_parser
 from goblin_assets.contracts import CONFIG_FIELDS, WASTE_BUCKETS, Rule
 from goblin_assets.errors import KBError
+from goblin_assets.kb.rules import DEFAULT_KB, PROFILER_ENV, _check_condition_paths, load_kb, version_tuple
 
 CATEGORIES = set(Rule.model_fields["category"].annotation.__args__)
 

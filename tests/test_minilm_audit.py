@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 
 from goblin_assets import REPO_ROOT
-from goblin_assets.audit.kb import load_kb
 from goblin_assets.audit.session import AuditSession
-from goblin_assets.audit.report import write_html
 from goblin_assets.host import use_host
+from goblin_assets.kb.rules import load_kb
+from goblin_assets.report.html import write_html
+from goblin_assets.runners.workload import load_workload
 from goblin_assets.settings import AuditSettings
 from tests.conftest import TEST_BENCH_BUDGET_S
-from goblin_assets.runners.workload import load_workload
 
 pytestmark = pytest.mark.slow
 

@@ -250,8 +250,8 @@ def test_the_first_nonfinite_site_and_step_are_named(half):
     assert other["steps"] == 1 and other["nonfinite_steps_left_out"] == [1, 2, 3]
     for text in pat.evidence_json:
         _strict(text)
-    from goblin_assets.audit.kb import PatternScores, _check_path
     from goblin_assets.contracts import PATTERN_FINDINGS
+    from goblin_assets.kb.rules import PatternScores, _check_path
     from goblin_assets.opscope.miner import NONFINITE
 
     assert NONFINITE in PATTERN_FINDINGS and _check_path("patterns.any.nonfinite") is None

@@ -30,9 +30,19 @@ REPO = Path(__file__).resolve().parents[1]
 _SKIP = {".git", ".venv", ".goblin", "build", "dist", "__pycache__", ".pytest_cache", ".hypothesis"}
 #: Suffixes of the data files the package reads with importlib.resources.
 DATA_SUFFIXES = {".yaml", ".yml", ".json", ".sql", ".lock"}
-#: Every such file under goblin_assets/ (paths inside the wheel): the KB, the SQL models, the image lock, ...
-PACKAGE_DATA = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "goblin_assets").rglob("*")
-                      if p.suffix in DATA_SUFFIXES and "__pycache__" not in p.parts)
+#: Top-level data folders of the repository -> where the wheel carries them (setup.py's package_dir).
+DATA_FOLDERS = {"kb": "goblin_assets/kb/data", "dbt_like_sql": "goblin_assets/dbt_like_sql"}
+
+
+def _data_files(root: Path, inside: str) -> list[str]:
+    return [f"{inside}/{p.relative_to(root).as_posix()}" for p in root.rglob("*")
+            if p.suffix in DATA_SUFFIXES and "__pycache__" not in p.parts]
+
+
+#: Every such file (paths inside the wheel): the image lock and categories under goblin_assets/, the KB
+#: and the SQL models from their top-level folders.
+PACKAGE_DATA = sorted(_data_files(REPO / "goblin_assets", "goblin_assets")
+                      + [f for top, inside in DATA_FOLDERS.items() for f in _data_files(REPO / top, inside)])
 
 
 def _skip(_dir: str, names: list[str]) -> set[str]:
@@ -96,7 +106,8 @@ def elsewhere(tmp_path) -> tuple[Path, dict[str, str]]:
 def test_wheel_contains_the_package_data(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     assert [p for p in PACKAGE_DATA if p not in names] == []
-    assert {"goblin_assets/kb/rocm_rules.yaml", "goblin_assets/rocm_image.lock"} <= set(PACKAGE_DATA)
+    assert {"goblin_assets/kb/data/rocm_rules.yaml", "goblin_assets/kb/data/signals.yaml",
+            "goblin_assets/kb/data/phrases.yaml", "goblin_assets/rocm_image.lock"} <= set(PACKAGE_DATA)
     assert any(p.startswith("goblin_assets/dbt_like_sql/staging/") for p in PACKAGE_DATA)
     assert any(p.startswith("goblin_assets/dbt_like_sql/marts/") for p in PACKAGE_DATA)
 
@@ -104,9 +115,30 @@ def test_wheel_contains_the_package_data(wheel):
 def test_fresh_venv_imports_the_wheel_not_the_checkout(fresh_venv, elsewhere):
     cwd, env = elsewhere
     code = ("import goblin_assets, importlib.resources as r; print(goblin_assets.__file__); "
-            "print(r.files('goblin_assets') / 'kb' / 'rocm_rules.yaml')")
+            "print(r.files('goblin_assets.kb.data') / 'rocm_rules.yaml'); "
+            "print(r.files('goblin_assets.dbt_like_sql.marts') / 'audit_lineage.sql')")
     out = _ok(_run([fresh_venv / "bin" / "python", "-c", code], timeout=60, cwd=cwd, env=env)).splitlines()
     assert all(Path(p).resolve().is_relative_to(fresh_venv.resolve()) for p in out), out
+
+
+def test_editable_install_reads_the_top_level_folders(elsewhere):
+    """The development install (``pip install -e .``) maps kb/ and dbt_like_sql/ into the package."""
+    cwd, env = elsewhere
+    code = ("import importlib.resources as r; print(r.files('goblin_assets.kb.data') / 'rocm_rules.yaml'); "
+            "print(r.files('goblin_assets.dbt_like_sql') / 'staging' / 'stg_run_metrics.sql')")
+    rules, sql = _ok(_run([sys.executable, "-c", code], timeout=60, cwd=cwd, env=env)).splitlines()
+    assert Path(rules) == REPO / "kb" / "rocm_rules.yaml" and Path(rules).is_file()
+    assert Path(sql) == REPO / "dbt_like_sql" / "staging" / "stg_run_metrics.sql" and Path(sql).is_file()
+
+
+def test_dagster_definitions_load_from_another_directory(fresh_venv, elsewhere):
+    """The installed wheel's Dagster code location loads outside the checkout: every SQL model is an asset."""
+    cwd, env = elsewhere
+    code = ("from goblin_assets.definitions import defs; "
+            "keys = {k.to_user_string() for k in defs.resolve_asset_graph().get_all_asset_keys()}; "
+            "print(sorted(k for k in keys if k in {'audit_lineage', 'stg_run_metrics', 'kb_rules'}))")
+    out = _ok(_run([fresh_venv / "bin" / "python", "-c", code], timeout=300, cwd=cwd, env=env))
+    assert out.strip() == "['audit_lineage', 'kb_rules', 'stg_run_metrics']"
 
 
 def test_kb_check_from_another_directory(fresh_venv, elsewhere):

@@ -6,10 +6,10 @@ import subprocess
 
 import pytest
 
-from goblin_assets.audit.config import parse_config
-from goblin_assets.audit.kb import detect_context, load_kb, match_rules
-from goblin_assets.audit.patch import propose_patch
+from goblin_assets.config.parse import parse_config
 from goblin_assets.contracts import RunMetrics, RunProvenance, WasteBucket
+from goblin_assets.kb.rules import detect_context, load_kb, match_rules
+from goblin_assets.patch.propose import propose_patch
 from tests.conftest import WORKLOADS
 
 

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from goblin_assets.audit.config import parse_config
-from goblin_assets.audit.kb import KnowledgeBase, detect_context, load_kb, match_rules
-from goblin_assets.audit.patch import edit_source, propose_patch, unified_diff
+from goblin_assets.config.parse import parse_config
 from goblin_assets.contracts import Citation, Fix, Rule, RuleMatch, RunMetrics, RunProvenance, WasteBucket
 from goblin_assets.errors import PatchError
+from goblin_assets.kb.rules import KnowledgeBase, detect_context, load_kb, match_rules
+from goblin_assets.patch.propose import edit_source, propose_patch, unified_diff
 from tests.conftest import WORKLOADS
 
 V5 = {"transformers": "5.24.0"}

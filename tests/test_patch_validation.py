@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from goblin_assets.audit.config import parse_config
-from goblin_assets.audit.kb import KnowledgeBase
 from goblin_assets.audit.session import AuditSession
+from goblin_assets.config.parse import parse_config
 from goblin_assets.contracts import Citation, Fix, Rule, RuleMatch, RunMetrics, RunProvenance, WasteBucket
+from goblin_assets.kb.rules import KnowledgeBase
 from goblin_assets.runners.result import RawRun
 from goblin_assets.runners.workload import load_workload
 from goblin_assets.settings import AuditSettings
@@ -106,7 +106,7 @@ def _bf16_rule():
 
 
 def _bf16_patch(tmp_path: Path, text: str, signatures):
-    from goblin_assets.audit.patch import propose_patch
+    from goblin_assets.patch.propose import propose_patch
 
     f = tmp_path / "train.py"
     f.write_text(text)

@@ -5,13 +5,13 @@ from pathlib import Path
 
 import pytest
 
-from goblin_assets.audit.changeset import companions_for
-from goblin_assets.audit.config import parse_config
-from goblin_assets.audit.patch import WRITERS
-from goblin_assets.audit.source_edit import Document, TextWriter
-from goblin_assets.audit.write_mapping import JsonWriter, YamlWriter
-from goblin_assets.audit.write_python import PythonWriter
+from goblin_assets.config.parse import parse_config
 from goblin_assets.errors import PatchError
+from goblin_assets.patch.changeset import companions_for
+from goblin_assets.patch.propose import WRITERS
+from goblin_assets.patch.source_edit import Document, TextWriter
+from goblin_assets.patch.write_mapping import JsonWriter, YamlWriter
+from goblin_assets.patch.write_python import PythonWriter
 
 V5 = {"transformers": "5.24.0"}
 CONFIGS = Path(__file__).parent / "data" / "configs"

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from goblin_assets.audit.profile import profile_run
-from goblin_assets.audit.waste import evidence_coverage, shares
 from goblin_assets.contracts import WASTE_BUCKETS
 from goblin_assets.host import use_host
+from goblin_assets.measure.profile import profile_run
+from goblin_assets.measure.waste import evidence_coverage, shares
 from goblin_assets.runners.result import HarnessResult, RawRun
 from goblin_assets.runners.trace import read_trace
 from goblin_assets.runners.workload import load_workload

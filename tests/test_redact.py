@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from goblin_assets.audit.config import config_to_json, parse_config, render_config_table
+from goblin_assets.config.parse import config_to_json, parse_config, render_config_table
 from goblin_assets.redact import redact
 
 #: (secret that must disappear, the line that carries it)

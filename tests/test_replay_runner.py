@@ -9,13 +9,7 @@ from goblin_assets.contracts import KernelShare, RunMetrics, RunProvenance, Wast
 from goblin_assets.runners.base import Runner, RunnerError
 from goblin_assets.runners.factory import make_runner
 from goblin_assets.runners.local import LocalRunner
-from goblin_assets.runners.replay import (
-    RECORDING_NAME,
-    ReplayError,
-    ReplayRunner,
-    load_recording,
-    record_metrics,
-)
+from goblin_assets.runners.replay import RECORDING_NAME, ReplayError, ReplayRunner, load_recording, record_metrics
 from goblin_assets.runners.workload import load_workload
 
 
@@ -139,7 +133,7 @@ def test_a_measured_run_carries_no_finished_metrics(tmp_path):
 
 def test_profile_run_returns_the_replay_as_is(workload):
     """profile_run short-circuits on RawRun.metrics: a replay never reaches the trace readers."""
-    from goblin_assets.audit.profile import profile_run
+    from goblin_assets.measure.profile import profile_run
 
     record_metrics(_recorded(), workload.root)
     m = profile_run(workload, ReplayRunner(), steps=10)

@@ -11,10 +11,19 @@ import re
 
 import pytest
 
-from goblin_assets.audit.report import compare_runs, render_html, render_markdown, write_html, write_report
 from goblin_assets.contracts import (
-    AppliedRule, BenchmarkResult, Citation, ConfigDict, Patch, RunMetrics, RunProvenance, WasteBucket,
+    AppliedRule,
+    BenchmarkResult,
+    Citation,
+    ConfigDict,
+    Patch,
+    RunMetrics,
+    RunProvenance,
+    WasteBucket,
 )
+from goblin_assets.report.compare import compare_runs
+from goblin_assets.report.html import render_html, write_html, write_report
+from goblin_assets.report.markdown import render_markdown
 
 DIFF = """--- a/train.py
 +++ b/train.py
@@ -212,7 +221,7 @@ def test_profiled_and_benchmarked_speedups_are_reconciled():
 
 
 def test_calibrated_prediction_says_how_many_audits_it_came_from():
-    from goblin_assets.audit.calibration import calibrate
+    from goblin_assets.measure.calibration import calibrate
 
     history = [{"audit_id": f"a{i}", "workload": "w", "rules": "data.dynamic_padding", "measured_speedup": 1.2 + i / 100,
                 "predicted_speedup_low": 1.3, "predicted_speedup_high": 1.9} for i in range(4)]

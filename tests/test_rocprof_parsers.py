@@ -263,7 +263,7 @@ def test_rocprof_runner_without_kernel_trace_says_so(tmp_path, monkeypatch):
 
 def test_profile_run_merges_rocprof_and_amd_smi(tmp_path, monkeypatch):
     """profile_run through the rocprof runner: kernel-level figures replace the torch.profiler ones."""
-    from goblin_assets.audit.profile import profile_run
+    from goblin_assets.measure.profile import profile_run
 
     monkeypatch.setenv("GOBLIN_HOME", str(tmp_path / "home"))
     runner, script = _stand_in_rocprof(tmp_path)

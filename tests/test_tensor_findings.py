@@ -24,11 +24,18 @@ import pandas as pd
 import pytest
 import torch
 
-from goblin_assets.audit.tensor_findings import (
-    BF16_MAX, FP16_FLUSH, FP16_MAX, FP16_MIN_NORMAL, TENSOR_KEYS, below_share, site_table, tensor_findings,
-)
 from goblin_assets.opscope.miner import mine_patterns
 from goblin_assets.opscope.taps import MatmulTap
+from goblin_assets.opscope.tensor_findings import (
+    BF16_MAX,
+    FP16_FLUSH,
+    FP16_MAX,
+    FP16_MIN_NORMAL,
+    TENSOR_KEYS,
+    below_share,
+    site_table,
+    tensor_findings,
+)
 from goblin_assets.warehouse.tables import columns
 
 REPO = Path(__file__).resolve().parents[1]
@@ -249,9 +256,10 @@ def test_minilm_numbers_equal_plain_hooks_and_fp8_is_stated_only_on_fp8_devices(
 
 
 def test_an_fp16_run_whose_activations_overflow_gets_the_bf16_hazard_with_site_and_step(goblin_home, tmp_path):
-    from goblin_assets.audit.report import hazard_notes, rules_markdown
     from goblin_assets.audit.session import AuditSession
     from goblin_assets.contracts import RunMetrics
+    from goblin_assets.report.compare import hazard_notes
+    from goblin_assets.report.markdown import rules_markdown
     from goblin_assets.runners.workload import load_workload
     from goblin_assets.settings import AuditSettings
 
@@ -279,10 +287,10 @@ def test_an_fp16_run_whose_activations_overflow_gets_the_bf16_hazard_with_site_a
 
 
 def test_the_report_has_a_tensor_findings_section_with_sql(digits):
-    from goblin_assets.audit.report import render_html, render_markdown
+    from goblin_assets.report.compare import compare_runs
+    from goblin_assets.report.html import render_html
+    from goblin_assets.report.markdown import render_markdown
     from tests.test_report_html import CFG, _bench, _patch, _run
-
-    from goblin_assets.audit.report import compare_runs
 
     rows, pats, _ = digits
     tf = tensor_findings(rows, pats, precision="fp32", device=CPU)
@@ -300,7 +308,7 @@ def test_the_report_has_a_tensor_findings_section_with_sql(digits):
 
 
 def test_tensor_paths_are_checked_and_never_fire_without_sketches():
-    from goblin_assets.audit.kb import _check_condition_paths, check_condition
+    from goblin_assets.kb.rules import _check_condition_paths, check_condition
 
     assert _check_condition_paths("tensors.fp16_range.peak_ratio >= 0.5") is None
     assert "tensors.<group>.<key>" in _check_condition_paths("tensors.fp16_range.max >= 0.5")

@@ -53,7 +53,7 @@ class FinalReport(BaseModel):
 
     ``text`` is the model's final answer (or a note saying why there is
     none); ``report_markdown`` is the audit report rendered by
-    ``audit/report.py`` when the session compared the runs; ``capped`` says
+    ``report/markdown.py`` when the session compared the runs; ``capped`` says
     the tool-call cap stopped the loop; ``model_error`` names a failure of
     the model server (HTTP error, timeout, unreachable, malformed response).
     """

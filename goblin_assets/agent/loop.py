@@ -18,16 +18,14 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from goblin_assets.agent.backend import (
-    DEFAULT_QUESTION, MAX_TOOL_CALLS, AgentBackendError, Backend, ToolCallRequest,
-)
+from goblin_assets.agent.backend import DEFAULT_QUESTION, MAX_TOOL_CALLS, AgentBackendError, Backend, ToolCallRequest
 from goblin_assets.agent.events import AgentEvent, FinalReport, Thought, ToolCall, ToolResult
 from goblin_assets.agent.tools import TOOLS, Tool
 from goblin_assets.audit.session import AuditSession
-from goblin_assets.redact import redact_tree as redact_all
-from goblin_assets.audit.report import report_markdown
 from goblin_assets.errors import GoblinError, RunFailed
 from goblin_assets.redact import redact
+from goblin_assets.redact import redact_tree as redact_all
+from goblin_assets.report.markdown import report_markdown
 
 #: Strings in a tool result longer than this are cut (a long diff), and a whole result longer than
 #: MAX_RESULT_CHARS too, so that one result cannot flood the model's context.

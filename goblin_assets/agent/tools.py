@@ -24,12 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from goblin_assets.audit.benchmark import bench_interval
-from goblin_assets.audit.report import ReplayReport
-from goblin_assets.audit.retrieval import WEAK_MATCH_BELOW, query_rocm_kb
 from goblin_assets.audit.session import AuditSession, WhatIfError
-from goblin_assets.audit.waste import shares
 from goblin_assets.contracts import CONFIG_FIELDS, BenchmarkResult, ConfigDict, RunMetrics
+from goblin_assets.kb.retrieval import WEAK_MATCH_BELOW, query_rocm_kb
+from goblin_assets.measure.benchmark import bench_interval
+from goblin_assets.measure.waste import shares
+from goblin_assets.report.markdown import ReplayReport
 
 #: A tool argument the session cannot use (the what-if's error; kept under the tools' name).
 ToolInputError = WhatIfError

@@ -7,7 +7,7 @@ cores) and ``expected_findings.yaml`` (``must_fire``, ``must_not_fire``).
 
 Each scenario is also a Dagster partition (``synthetic/<scenario>``) and a
 path ``goblin audit`` takes: its audit session replays the recording, and
-its report (:func:`goblin_assets.audit.report.replay_report`) says the
+its report (:func:`goblin_assets.report.markdown.replay_report`) says the
 numbers are replayed or modelled and that nothing was measured.
 
 Scenarios are judged one at a time: a scenario whose files cannot be used
@@ -25,10 +25,10 @@ from typing import Any
 import yaml
 
 from goblin_assets import workloads_root
-from goblin_assets.audit.kb import KnowledgeBase
 from goblin_assets.audit.session import AuditSession
 from goblin_assets.contracts import ConfigDict, RuleMatch, RunMetrics
 from goblin_assets.errors import GoblinError
+from goblin_assets.kb.rules import KnowledgeBase
 from goblin_assets.runners.workload import RECORDING_NAME, load_workload
 
 #: The file that makes a folder a corpus scenario: the rules it must and must not fire.

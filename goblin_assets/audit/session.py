@@ -51,27 +51,33 @@ import pandas as pd
 from pydantic import ValidationError
 
 from goblin_assets import goblin_home
-from goblin_assets.audit.benchmark import benchmark
-from goblin_assets.audit.calibration import Calibration, calibrate
-from goblin_assets.audit.config import parse_config
-from goblin_assets.audit.ids import make_audit_id
-from goblin_assets.audit.kb import KnowledgeBase, detect_context, load_kb, local_world_size, match_rules
-from goblin_assets.audit.changeset import ChangeSet
-from goblin_assets.audit.evidence import NonfiniteEvidence, nonfinite_evidence
-from goblin_assets.audit.patch import edit_source, propose_patch, unified_diff, write_changes
-from goblin_assets.audit.profile import profile_run, timed_metrics
-from goblin_assets.audit.report import (
-    AuditReport, ReplayReport, compare_runs, hazard_notes, replay_report, write_html, write_report,
-)
-from goblin_assets.audit.tensor_findings import TensorFindings
-from goblin_assets.audit.tensor_findings import tensor_findings as grade_tensors
-from goblin_assets.audit.retrieval import KBIndex, embedding_frame, index_for, retrieval_scores, run_symptoms
+from goblin_assets.config.parse import parse_config
 from goblin_assets.contracts import (
-    CONFIG_FIELDS, BenchmarkResult, ConfigDict, Patch, RuleMatch, RunMetrics, WasteBucket,
+    CONFIG_FIELDS,
+    BenchmarkResult,
+    ConfigDict,
+    Patch,
+    RuleMatch,
+    RunMetrics,
+    WasteBucket,
 )
 from goblin_assets.errors import GoblinError, RunFailed
 from goblin_assets.host import HostFacts, current_host, for_interpreter, keyword_names
+from goblin_assets.ids import make_audit_id
+from goblin_assets.kb.retrieval import KBIndex, embedding_frame, index_for, retrieval_scores, run_symptoms
+from goblin_assets.kb.rules import KnowledgeBase, detect_context, load_kb, local_world_size, match_rules
+from goblin_assets.measure.benchmark import benchmark
+from goblin_assets.measure.calibration import Calibration, calibrate
+from goblin_assets.measure.evidence import NonfiniteEvidence, nonfinite_evidence
+from goblin_assets.measure.profile import profile_run, timed_metrics
+from goblin_assets.opscope.tensor_findings import TensorFindings
+from goblin_assets.opscope.tensor_findings import tensor_findings as grade_tensors
+from goblin_assets.patch.changeset import ChangeSet
+from goblin_assets.patch.propose import edit_source, propose_patch, unified_diff, write_changes
 from goblin_assets.redact import redact
+from goblin_assets.report.compare import AuditReport, compare_runs, hazard_notes
+from goblin_assets.report.html import write_html, write_report
+from goblin_assets.report.markdown import ReplayReport, replay_report
 from goblin_assets.runners.base import Runner
 from goblin_assets.runners.devices import device_facts
 from goblin_assets.runners.factory import make_runner, runner_for
@@ -160,7 +166,7 @@ class AuditSession:
             caller read them from the warehouse (the index is then not encoded).
         history
             Rows of the ``audits`` table the caller read from the warehouse
-            (:data:`goblin_assets.audit.calibration.HISTORY_SQL`): the applied
+            (:data:`goblin_assets.measure.calibration.HISTORY_SQL`): the applied
             rules' measured record scales the predicted range and confidence
             (:meth:`calibration`).  None: the model's prediction unscaled.
         **seeds
@@ -242,7 +248,7 @@ class AuditSession:
 
         The host's cores (its CPU affinity) shared by the processes the launcher
         starts on this node (``LOCAL_WORLD_SIZE`` and the like,
-        :func:`goblin_assets.audit.kb.local_world_size`): with 8 ranks on 80 CPUs
+        :func:`goblin_assets.kb.rules.local_world_size`): with 8 ranks on 80 CPUs
         each rank sizes its workers and threads from 10, never from 80.
         """
         total = self.host.cores or self.host.affinity_cpus or self.host.online_cpus or 1
@@ -328,7 +334,7 @@ class AuditSession:
 
         Empty for a replay.  FP8 readiness is stated only for a device with
         FP8 matrix units (the profiled run's device, :func:`device_facts`).
-        See :mod:`goblin_assets.audit.tensor_findings`.
+        See :mod:`goblin_assets.opscope.tensor_findings`.
         """
         def grade() -> TensorFindings:
             prov = self.profile_run().provenance
@@ -523,7 +529,7 @@ class AuditSession:
 
     def nonfinite(self) -> NonfiniteEvidence | None:
         """Where NaN/inf appeared (mined sketches, the parameters' check) and the likely precision cause; None if
-        nothing was non-finite (memoised; audit/evidence.py)."""
+        nothing was non-finite (memoised; measure/evidence.py)."""
         return self._memo("nonfinite", lambda: nonfinite_evidence(
             self.mined_patterns(), self.profile_run(), self.training_config(), sketch_warmup=SKETCH_WARMUP))
 
@@ -628,7 +634,7 @@ class AuditSession:
         For a replay, ``patched`` is None, ``benchmark`` is empty,
         ``measured_speedup`` is None and ``not_observable`` says why.
         ``measured_speedup_interval`` is the measured speedup's interval
-        (:class:`~goblin_assets.audit.benchmark.SpeedupInterval`: ``point``,
+        (:class:`~goblin_assets.measure.benchmark.SpeedupInterval`: ``point``,
         ``low``, ``high``, ``level``, ``pairs``, ``paired``, ``method``,
         ``verdict``, which reads "no significant change" when the interval
         contains 1.0; None for a replay); ``predicted_speedup`` is the

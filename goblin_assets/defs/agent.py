@@ -4,11 +4,11 @@ import dagster as dg
 
 from goblin_assets.agent import FinalReport, run_agent, transcript_markdown
 from goblin_assets.agent.factory import make_backend
-from goblin_assets.audit.kb import KnowledgeBase
 from goblin_assets.contracts import BenchmarkResult, ConfigDict, Patch, RuleMatch, RunMetrics
-from goblin_assets.defs.partitions import workloads_partitions
 from goblin_assets.defs.audit import audit_session
+from goblin_assets.defs.partitions import workloads_partitions
 from goblin_assets.defs.resources import RunnerResource
+from goblin_assets.kb.rules import KnowledgeBase
 from goblin_assets.runners.workload import Workload
 
 

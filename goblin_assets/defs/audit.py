@@ -15,18 +15,26 @@ import pandas as pd
 from dagster_pandera import pandera_schema_to_dagster_type
 
 from goblin_assets import workloads_root
-from goblin_assets.audit.calibration import HISTORY_SQL
-from goblin_assets.audit.kb import KnowledgeBase, load_kb
-from goblin_assets.audit.report import AuditReport, report_markdown, speedup_text
-from goblin_assets.audit.retrieval import MODEL_NAME, KBIndex
 from goblin_assets.audit.session import AuditSession
 from goblin_assets.contracts import BenchmarkResult, ConfigDict, Patch, RuleMatch, RunMetrics
 from goblin_assets.defs.automation import REAUDIT, rocm_image
-from goblin_assets.defs.checks import (check_specs, kb_corpus_recall, rows_check, scenario_expected_findings,
-                                       scenario_recording, waste_budget_sums_to_step_time)
+from goblin_assets.defs.checks import (
+    check_specs,
+    kb_corpus_recall,
+    rows_check,
+    scenario_expected_findings,
+    scenario_recording,
+    waste_budget_sums_to_step_time,
+)
 from goblin_assets.defs.partitions import workloads_partitions
 from goblin_assets.defs.resources import POOL, RunnerResource, WarehouseResource
+from goblin_assets.kb.encoder import MODEL_NAME
+from goblin_assets.kb.retrieval import KBIndex
+from goblin_assets.kb.rules import KnowledgeBase, load_kb
+from goblin_assets.measure.calibration import HISTORY_SQL
 from goblin_assets.redact import redact
+from goblin_assets.report.compare import AuditReport
+from goblin_assets.report.markdown import report_markdown, speedup_text
 from goblin_assets.runners.workload import Workload, load_workload
 from goblin_assets.warehouse.tables import schema
 
@@ -157,7 +165,7 @@ def mined_patterns(context: dg.AssetExecutionContext, workload_source: Workload,
 @dg.asset(group_name="kb", code_version="kb-v1", kinds={"yaml"}, check_specs=check_specs("kb_rules"),
           dagster_type=value_type(KnowledgeBase))
 def kb_rules(context: dg.AssetExecutionContext):
-    """The hand-written, cited rules of the packaged KB (goblin_assets/kb/rocm_rules.yaml), validated (versioned by content hash)."""
+    """The hand-written, cited rules of the packaged KB (kb/rocm_rules.yaml), validated (versioned by content hash)."""
     kb = load_kb()
     counts: dict[str, int] = {}
     for r in kb.rules:
@@ -169,7 +177,8 @@ def kb_rules(context: dg.AssetExecutionContext):
 @dg.asset(group_name="kb", code_version="kb-index-v2", pool=POOL, kinds={"duckdb"})
 def kb_index(context: dg.AssetExecutionContext, kb_rules: KnowledgeBase, warehouse: WarehouseResource) -> KBIndex:
     """Embeddings of every rule's symptom and fix (packaged all-MiniLM-L6-v2), cached in `kb_embeddings` per KB content hash."""
-    from goblin_assets.audit.retrieval import embedding_frame, kb_index as build_index
+    from goblin_assets.kb.retrieval import embedding_frame
+    from goblin_assets.kb.retrieval import kb_index as build_index
 
     cached = warehouse.query("SELECT * FROM kb_embeddings WHERE kb_sha256 = ? AND model = ?",
                              [kb_rules.sha256, MODEL_NAME])

@@ -45,7 +45,7 @@ def trace_files_sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult:
 def recorded_trace(context: dg.AssetExecutionContext, warehouse: WarehouseResource) -> dg.MaterializeResult:
     """Every analysis of one recorded trace (``goblin trace``), written to the warehouse's ``trace_*`` tables,
     plus the trace's RunMetrics rows (``runs``, ``waste_budget``, ``kernels``, provenance ``replayed``)."""
-    from goblin_assets.audit.ids import make_audit_id
+    from goblin_assets.ids import make_audit_id
     from goblin_assets.trace.analysis import analyze_trace, trace_frames
     from goblin_assets.trace.events import trace_stem
 

@@ -247,10 +247,10 @@ def plan(query: Query, run_ids: str | Sequence[str] | None = None, measure: bool
     runs the A/B micro-benchmarks (median of repeats; False: estimates only).
     ``e2e`` (with ``measure``): the kept candidates of runs of a packaged
     workload with an end-to-end model (``digits_mlp``, ``minilm_lora_cls``:
-    :func:`goblin_assets.opscope.plan.workload_target`, built at its
+    :func:`goblin_assets.opscope.plan_e2e.workload_target`, built at its
     initial weights on its own data, sites resolved by name) are also timed on
     the whole forward and a training step
-    (:func:`goblin_assets.opscope.plan.measure_e2e`), into ``evidence_json``;
+    (:func:`goblin_assets.opscope.plan_e2e.measure_e2e`), into ``evidence_json``;
     other runs' rows say why not.
 
     Raises
@@ -259,7 +259,8 @@ def plan(query: Query, run_ids: str | Sequence[str] | None = None, measure: bool
         Unknown run id, or no matmul sketches recorded.
     """
     from goblin_assets.opscope.miner import mine_patterns
-    from goblin_assets.opscope.plan import plan as plan_sites, plan_findings
+    from goblin_assets.opscope.plan import plan as plan_sites
+    from goblin_assets.opscope.plan import plan_findings
 
     ids, source, sk = read_sketches(query, run_ids, MATMUL_ROLES)
     found = mine_patterns(sk)
@@ -275,7 +276,7 @@ def plan(query: Query, run_ids: str | Sequence[str] | None = None, measure: bool
 
 def _plan_e2e(pl: pd.DataFrame, sk: pd.DataFrame, log: Log | None) -> pd.DataFrame:
     """:func:`plan`'s end-to-end step, per run: the workload's model when there is one, else a reason per row."""
-    from goblin_assets.opscope.plan import measure_e2e, workload_target
+    from goblin_assets.opscope.plan_e2e import measure_e2e, workload_target
 
     parts = []
     for (run_id, workload), rows in pl.groupby(["run_id", "workload"], sort=False):
@@ -350,8 +351,14 @@ def probes(run_id: str, file: str | Path | None = None, dump: str | Path | None 
     goblin_assets.opscope.probe.ProbeError
         ``file`` cannot be read, or ``dump`` cannot be written.
     """
-    from goblin_assets.opscope.probe import load_tensor, minilm_tensors, probe_findings, probe_frame, \
-        probe_tensors, save_tensor
+    from goblin_assets.opscope.probe import (
+        load_tensor,
+        minilm_tensors,
+        probe_findings,
+        probe_frame,
+        probe_tensors,
+        save_tensor,
+    )
 
     if file:
         tensors = load_tensor(file)
@@ -378,7 +385,8 @@ def dataflow(run_id: str, file: str | Path | None = None, log: Log | None = None
     goblin_assets.opscope.dataflow.GraphFormatError
         ``file`` is missing or malformed.
     """
-    from goblin_assets.opscope.dataflow import dataflow as cones, dataflow_findings, graph, minilm_graph
+    from goblin_assets.opscope.dataflow import dataflow as cones
+    from goblin_assets.opscope.dataflow import dataflow_findings, graph, minilm_graph
 
     if file:
         g, workload = graph(file), str(file)

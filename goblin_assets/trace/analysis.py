@@ -126,7 +126,7 @@ def analyze_trace(path: str | Path, trace_id: str | None = None,
     goblin_assets.trace.events.TraceReadError
         The file cannot be read as a trace (names the file and the problem).
     """
-    from goblin_assets.audit.ids import make_audit_id
+    from goblin_assets.ids import make_audit_id
 
     t0 = time.perf_counter()
     say = progress or (lambda _: None)
@@ -203,10 +203,10 @@ def trace_signals(rep: TraceReport) -> list:
     moderate share of the step (``THRESHOLDS['sync_pct']``);
     ``trace_cpu_launch_bound``: steps the critical path calls cpu launch bound
     with at least moderate device idle.  The definitions are
-    :data:`goblin_assets.audit.signals.DERIVED`'s.
+    :data:`goblin_assets.measure.signals.DERIVED`'s.
     """
-    from goblin_assets.audit.signals import DERIVED
     from goblin_assets.contracts import Signal
+    from goblin_assets.measure.signals import DERIVED
 
     out = []
     rc, cp = rep.tables.get("recompute", pd.DataFrame()), rep.tables.get("critical_path", pd.DataFrame())

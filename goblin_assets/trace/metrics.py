@@ -3,7 +3,7 @@
 A Kineto trace with ``ProfilerStep#N`` windows goes through the very reader
 and waste budget the audit uses for its own runs
 (:func:`goblin_assets.runners.trace.read_trace`,
-:func:`goblin_assets.audit.waste.waste_budget`).  A trace without steps (a
+:func:`goblin_assets.measure.waste.waste_budget`).  A trace without steps (a
 benchmark recorded without ``prof.step()``, or rocprofv3 output, which has no
 host side) is one window from its first to its last device event; its
 buckets are the device's busy, exposed-collective and idle time, and what such
@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from goblin_assets.audit.waste import waste_budget
 from goblin_assets.contracts import KernelShare, RunMetrics, RunProvenance
+from goblin_assets.measure.waste import waste_budget
 from goblin_assets.runners.categories import is_fused_attention
 from goblin_assets.runners.trace import StepIntervals, TraceSummary, read_trace, union_length
 from goblin_assets.trace.events import TraceEvents

@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 from rich.table import Table
 
-from goblin_assets.audit.report import _CSS, _e, _img, _plt
+from goblin_assets.report.html import _CSS, _e, _img, _plt
 from goblin_assets.trace.analysis import TraceReport
 
 _SEV_STYLE = {"high": "bold red", "moderate": "yellow", "ok": "green"}

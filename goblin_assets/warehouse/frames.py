@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from goblin_assets.redact import redact
 from goblin_assets.contracts import BenchmarkResult, ConfigDict, RuleMatch, RunMetrics
+from goblin_assets.redact import redact
 from goblin_assets.warehouse.tables import columns
 
 
@@ -123,7 +123,7 @@ def audit_frame(audit_id: str, workload: str, profile_run_id: str, patched_run_i
 
     ``predicted_speedup_low/high`` and ``confidence`` are the waste-budget
     model's own (``patch``), never the calibrated ones: the rules' record
-    (``marts/speedup_calibration.sql``, ``audit/calibration.py``) compares
+    (``marts/speedup_calibration.sql``, ``measure/calibration.py``) compares
     them with ``measured_speedup``.  The calibrated prediction the report
     shows is in ``calibrated_speedup_low/high`` and ``calibrated_confidence``,
     with ``calibration_audits`` (measured audits behind it; 0: not scaled).

@@ -1,4 +1,4 @@
-"""SQL models over the warehouse: plain DuckDB SQL files in layers (``goblin_assets/dbt_like_sql/``).
+"""SQL models over the warehouse: plain DuckDB SQL files in layers (``dbt_like_sql/``).
 
 Each ``.sql`` file under ``staging/`` or ``marts/`` is one model named after the
 file.  A header comment ``-- materialized: view`` or ``-- materialized: table``
@@ -20,8 +20,8 @@ from sqlglot import exp
 
 from goblin_assets.errors import WarehouseError
 
-#: The packaged models: ``goblin_assets/dbt_like_sql/{staging,marts}/*.sql``.
-SQL_ROOT: Traversable = files("goblin_assets") / "dbt_like_sql"
+#: The packaged models: ``dbt_like_sql/{staging,marts}/*.sql``.
+SQL_ROOT: Traversable = files("goblin_assets.dbt_like_sql")
 LAYERS = ("staging", "marts")
 _MATERIALIZED = re.compile(r"^\s*--\s*materialized:\s*(view|table)\s*$", re.MULTILINE | re.IGNORECASE)
 

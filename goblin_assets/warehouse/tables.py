@@ -59,7 +59,7 @@ TABLES: dict[str, list[tuple[str, str, bool]]] = {
         ("predicted_speedup_high", "DOUBLE", True), ("confidence", "DOUBLE", True),
         ("rules", "VARCHAR", False), ("diff", "VARCHAR", False), ("report_path", "VARCHAR", True),
         # added after the first warehouses (ADDED_COLUMNS): the measured speedup's interval, and the
-        # prediction scaled by the rules' measured record (audit/benchmark.py, audit/calibration.py)
+        # prediction scaled by the rules' measured record (measure/benchmark.py, measure/calibration.py)
         ("speedup_low", "DOUBLE", True), ("speedup_high", "DOUBLE", True), ("speedup_level", "DOUBLE", True),
         ("speedup_pairs", "BIGINT", True), ("speedup_verdict", "VARCHAR", True),
         ("calibrated_speedup_low", "DOUBLE", True), ("calibrated_speedup_high", "DOUBLE", True),

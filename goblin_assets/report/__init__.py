@@ -1,0 +1,1 @@
+"""The audit report: the report model, its markdown, HTML and chart renderings."""
