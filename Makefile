@@ -30,9 +30,9 @@ compiler:
 # torch first, pinned to the CPU wheel: a plain `torch` requirement would pull a
 # multi-GB CUDA build on a CPU machine.  An existing torch of the locked release is kept.
 define install-steps
-	$(1)/bin/pip install --quiet $(2) --upgrade pip
-	$(1)/bin/python -c "import torch" 2>/dev/null || $(1)/bin/pip install --quiet $(2) "$(TORCH)"
-	$(1)/bin/pip install --quiet $(2) -e .
+	$(1)/bin/pip install -qq $(2) --upgrade pip
+	$(1)/bin/python -c "import torch" 2>/dev/null || $(1)/bin/pip install -qq $(2) "$(TORCH)"
+	$(1)/bin/pip install -qq $(2) -e .
 endef
 # Holistic Trace Analysis checks that our GPU traces keep the profiler's schema
 # (tests/test_gpu_trace.py); 0.5.0 is the last release under this name.
@@ -81,9 +81,15 @@ $(DAGSTER_HOME)/dagster.yaml:
 	mkdir -p $(DAGSTER_HOME)
 	printf 'telemetry:\n  enabled: false\nconcurrency:\n  pools:\n    default_limit: 1\n' > $@
 
-# The demo keeps runs short (all settings: GOBLIN_RUNNER_* in goblin_assets/defs/resources.py).
+# The demo keeps runs short: fewer profiled steps, short benchmark repeats and a 30 s benchmark budget per
+# workload (each can be set as usual: GOBLIN_RUNNER_* in goblin_assets/settings.py). DEMO_ARGS=--verbose shows
+# Dagster's event log.
 demo: install $(DAGSTER_HOME)/dagster.yaml
 	GOBLIN_RUNNER_PROFILED_STEPS=$${GOBLIN_RUNNER_PROFILED_STEPS:-5} \
+	GOBLIN_RUNNER_BENCH_STEPS=$${GOBLIN_RUNNER_BENCH_STEPS:-10} \
+	GOBLIN_RUNNER_BENCH_REPEATS=$${GOBLIN_RUNNER_BENCH_REPEATS:-2} \
+	GOBLIN_RUNNER_BENCH_BUDGET_S=$${GOBLIN_RUNNER_BENCH_BUDGET_S:-30} \
+	GOBLIN_RUNNER_SKETCH_STEPS=$${GOBLIN_RUNNER_SKETCH_STEPS:-1} \
 	$(BIN)/python -m goblin_assets.demo $(DEMO_ARGS)
 
 test: check-lock system-deps

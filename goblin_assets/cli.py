@@ -1,7 +1,8 @@
 """The ``goblin`` command: the audit session's stages (the same as the asset graph's), without Dagster.
 
     goblin audit --trace TRACE [CONFIG] [--json] [--html OUT]
-    goblin audit PATH [--steps N] [--bench-steps N] [--repeats N] [--timeout S] [--json] [--html OUT]
+    goblin audit PATH [--steps N] [--bench-steps N] [--repeats N] [--timeout S] [--json | --plain]
+                      [--fail-on unhealthy|hazard] [--html OUT]
     goblin profile PATH [--steps N] [--runner local|rocprof|replay] [--json]
     goblin parse FILE [--json]
     goblin chat PATH [--question TEXT] [--base-url URL] [--model NAME] [--json]
@@ -9,7 +10,9 @@
     goblin trace PATH [PATH_B] [--json] [--html OUT]
 
 Errors are printed as one clear line naming the file and the problem (exit
-code 2); no traceback from deep inside.
+code 2); no traceback from deep inside.  ``goblin audit`` exits 0 when the
+audit completed, whatever it found (a failed or non-finite run included), and 3
+when ``--fail-on`` names a condition that holds.
 """
 from __future__ import annotations
 
@@ -41,7 +44,35 @@ def _fmt(v, unit: str = "", scale: float = 1.0, digits: int = 2) -> str:
     return "n/a" if v is None else f"{v * scale:.{digits}f}{unit}"
 
 
+#: Exit status of ``goblin audit``: 0 the audit completed (whatever it found, a failed or non-finite run
+#: included), 2 an error stopped it (bad input, a typed Goblin error), 3 the condition named by ``--fail-on``
+#: holds (``unhealthy``: the run failed or went non-finite; ``hazard``: that, or a hazard fired).
+EXIT_FAIL_ON = 3
+
+
+def _fails_on(verdict, fail_on: str | None) -> bool:
+    if fail_on is None:
+        return False
+    kinds = {i.kind for i in verdict.items}
+    return not verdict.healthy or (fail_on == "hazard" and "hazard" in kinds)
+
+
+def _plain_summary(s, html_path) -> list[str]:
+    """The summary as plain lines (``--plain``, and the first lines of the rich one): the verdict first."""
+    v = s.verdict()
+    lines = [f"verdict: {v.headline}", *[f"  {line}" for line in v.lines()[2:]]]
+    if not s.results.get("failure"):
+        p = s.patch()
+        lines.append(f"rules: {', '.join(a.rule_id for a in p.applied) or 'none'}"
+                     + (f"; not applied: {len(p.dropped)}" if p.dropped else ""))
+        lines.append("patch: " + (str(s.out_dir / "patch.diff") if v.patch_offered and (s.out_dir / "patch.diff").is_file()
+                                  else "none offered" + (f" ({v.not_recommended})" if v.not_recommended else "")))
+    lines.append(f"report: {s.report_path}" + (f" (HTML: {html_path})" if html_path else ""))
+    return lines
+
+
 def cmd_audit(args) -> int:
+    from goblin_assets.errors import RunFailed
     from goblin_assets.report.markdown import speedup_text
     from goblin_assets.warehouse.db import write
 
@@ -51,33 +82,54 @@ def cmd_audit(args) -> int:
         from goblin_assets.trace.workload import trace_workload
 
         wl, trep = trace_workload(args.trace, args.path)
-        s = open_session(args, workload=wl).run_all()
+        s = open_session(args, workload=wl)
         frames = trace_frames(trep, audit_id=s.audit_id, with_run=False)
         trace_note = f"audited from the recorded trace {trep.path}: nothing was run"
     elif args.path is None:
         raise GoblinError("goblin audit needs a workload PATH, or --trace TRACE")
     else:
-        s = open_session(args).run_all()
+        s = open_session(args)
+    try:
+        s.run_all()
+    except RunFailed:
+        if not s.results.get("failure"):  # a run of the patch failing is the audit's own error
+            raise
+        v = s.verdict()  # the original failed as written: that is the audit's finding, with its report
+        if args.json:
+            _print_json({"verdict": v.model_dump(), "audit_id": s.audit_id, "workload": s.workload.name,
+                         "failure": s.results["failure"], "report_path": str(s.report_path)})
+        else:
+            out.print("\n".join(_plain_summary(s, None)), highlight=False, markup=False)
+        return EXIT_FAIL_ON if _fails_on(v, args.fail_on) else 0
     counts = write({**s.frames(), **frames})
     console.print(f"[dim]warehouse: {sum(counts.values())} rows in {len(counts)} tables[/dim]")
     html_path = s.write_html(args.html) if args.html else None
     if html_path:
         console.print(f"[dim]HTML report: {html_path}[/dim]")
+    v = s.verdict()
+    code = EXIT_FAIL_ON if _fails_on(v, args.fail_on) else 0
     if args.json:
         _print_json({**s.to_json(), **({"html_path": str(html_path)} if html_path else {}),
                      **({"trace": trace_note} if trace_note else {})})
-        return 0
+        return code
+    if args.plain:
+        out.print("\n".join(([trace_note] if trace_note else []) + _plain_summary(s, html_path)), highlight=False,
+                  markup=False)
+        return code
+    out.print(f"[bold]verdict: {v.headline}[/bold]", highlight=False)
+    for line in v.lines()[2:]:
+        out.print(f"  {line}", highlight=False, markup=False)
     if trace_note:
         out.print(trace_note, highlight=False)
     r, wl = s.audit_report(), s.workload
-    if s.replay:
+    if s.replay or s.benchmarks() is None:
         m = s.profile_run()
         rows = [("step time", _fmt(m.step_time_s, " ms", 1e3, 1)), (m.throughput_unit, _fmt(m.throughput, digits=1)),
                 *[(f"  {k} ({b.status})", _fmt(b.seconds, " ms", 1e3)) for k, b in m.waste_budget.items()]]
-        out.print(_metrics_table(f"goblin audit: {wl.name} ({r.provenance}: nothing measured here)", rows))
-        out.print(f"measured speedup: not observable ({s.not_observable.get('benchmarks', '')})")
+        out.print(_metrics_table(f"goblin audit: {wl.name} ({r.provenance}: nothing benchmarked)", rows))
+        out.print(f"measured speedup: not observable ({s.not_observable.get('benchmarks', '')})", highlight=False)
         out.print(f"predicted {r.predicted_low:.2f}x–{r.predicted_high:.2f}x (confidence {r.confidence:.2f}); "
-                  f"rules: {', '.join(a.rule_id for a in s.patch().applied) or 'none'}")
+                  f"rules: {', '.join(a.rule_id for a in s.patch().applied) or 'none'}", highlight=False)
     else:
         t = Table(title=f"goblin audit: {wl.name}")
         for c in ("", "original", "patched"):
@@ -92,8 +144,10 @@ def cmd_audit(args) -> int:
         out.print(f"measured speedup [bold]{speedup_text(r)}[/bold] (predicted {r.predicted_low:.2f}x–"
                   f"{r.predicted_high:.2f}x, confidence {r.confidence:.2f}); rules: "
                   f"{', '.join(a.rule_id for a in r.applied) or 'none'}", highlight=False)
-    out.print(f"report: {s.report_path}" + (f" (HTML: {html_path})" if html_path else ""))
-    return 0
+        if v.not_recommended:
+            out.print(f"patch not recommended ({v.not_recommended}): no patch.diff is offered", highlight=False)
+    out.print(f"report: {s.report_path}" + (f" (HTML: {html_path})" if html_path else ""), highlight=False)
+    return code
 
 
 def cmd_profile(args) -> int:
@@ -157,7 +211,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="audit a run recorded elsewhere from its trace (Kineto .json/.json.gz or rocprofv3 "
                         "JSON/CSV): nothing is executed")
     add_settings_options(a)
-    a.add_argument("--json", action="store_true")
+    a.add_argument("--json", action="store_true", help="print the audit as one JSON object (its verdict first)")
+    a.add_argument("--plain", action="store_true", help="print the summary as plain lines, for pipes and logs")
+    a.add_argument("--fail-on", dest="fail_on", choices=["unhealthy", "hazard"], default=None,
+                   help="exit 3 when the run failed or went non-finite (unhealthy), or also when a hazard fired "
+                        "(hazard); without it an audit that completed exits 0 whatever it found")
     a.add_argument("--html", metavar="OUT.html", help="also write the self-contained HTML report to this file")
     a.set_defaults(fn=cmd_audit)
 

@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from rich.console import Console
 
 #: Progress and errors go to stderr; results to stdout.
-console = Console(stderr=True)
-out = Console()
+console = Console(stderr=True, soft_wrap=True)
+#: stdout: long lines (paths) are never folded; piped, tables get 120 columns instead of rich's 80
+out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 120)
 
 
 def add_settings_options(p: argparse.ArgumentParser, bench: bool = True) -> None:

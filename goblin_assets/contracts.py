@@ -193,6 +193,9 @@ class RunMetrics(BaseModel):
     it would extrapolate too far (measure/profile.py).
     ``prefetch_warmup_steps``: optimizer steps the harness added to the
     warm-up to drain the DataLoader's prefetch queue (None: not reported).
+    ``dataset_in_memory``: the first DataLoader's items are slices of
+    tensors already in memory (a ``TensorDataset``), so worker processes
+    only add cost (None: not reported).
     ``not_observable`` maps a null field's name to the reason it is null.
     ``signals``: the run's own signals (warnings, stderr lines, loss and
     gradient records matched to known messages; None: not recorded, e.g. an
@@ -229,6 +232,7 @@ class RunMetrics(BaseModel):
     nonfinite_step: int | None = None
     nonfinite_params: list[str] = Field(default_factory=list)
     prefetch_warmup_steps: int | None = None
+    dataset_in_memory: bool | None = None
     signals: list[Signal] | None = None
     warnings: list[str] = Field(default_factory=list)
     not_observable: dict[str, str] = Field(default_factory=dict)

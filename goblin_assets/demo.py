@@ -1,7 +1,9 @@
 """``make demo``: materialize every asset for the bundled workloads, headlessly, with Dagster.
 
-``python -m goblin_assets.demo [WORKLOAD ...] [--all]``: ``--all`` adds the
-opscope lab assets (recording drivers, miners, probes, plan).  Without
+``python -m goblin_assets.demo [WORKLOAD ...] [--all] [--verbose]``: ``--all`` adds the
+opscope lab assets (recording drivers, miners, probes, plan); ``--verbose``
+shows Dagster's event log (DEBUG) and library warnings, which are quiet
+otherwise.  Without
 workload names it audits the runnable workloads only; a replay partition of the
 synthetic corpus is audited when named (``synthetic/fp32_on_mi300x``).
 
@@ -15,7 +17,10 @@ from __future__ import annotations
 
 import os
 import sys
+import textwrap
 import time
+import warnings
+from pathlib import Path
 
 import dagster as dg
 from rich.console import Console
@@ -29,6 +34,31 @@ from goblin_assets.warehouse.db import query
 
 #: Asset groups of the opscope lab: their unpartitioned assets are materialized with ``--all``.
 LAB_GROUPS = {"opscope", "mining"}
+#: The summary's width: it fits a 100-column terminal, and paths are never folded inside.
+WIDTH = 100
+#: Dagster's console log level in the demo: its DEBUG event lines only with ``--verbose``.
+QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+
+
+def _short_path(path: str | None) -> str:
+    """``path`` relative to the working directory when it lies under it (shorter, still a valid path)."""
+    if not path:
+        return "none"
+    p = Path(path)
+    try:
+        return str(p.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(p)
+
+
+def summary_lines(reports: list[tuple[str, str | None, str | None]], seconds: float) -> list[str]:
+    """The demo's closing summary, at most :data:`WIDTH` columns a line: per workload its verdict (wrapped
+    between words) and its report's path (never folded)."""
+    out = [f"done in {seconds:.0f} s"]
+    for name, path, verdict in reports:
+        out += textwrap.wrap(f"{name}: {verdict or 'no verdict'}", WIDTH, subsequent_indent="    ")
+        out.append(f"    report: {_short_path(path)}")
+    return out
 
 
 def _ancestors(graph, key) -> set:
@@ -65,6 +95,10 @@ def main(argv: list[str] | None = None) -> int:
     console = Console()
     args = list(argv if argv is not None else sys.argv[1:])
     lab = "--all" in args  # also the opscope lab: recording drivers and miners (several more minutes)
+    verbose = "--verbose" in args  # Dagster's DEBUG event lines and library warnings too
+    run_config = {} if verbose else QUIET
+    if not verbose:
+        warnings.filterwarnings("ignore")
     names = [a for a in args if not a.startswith("--")] or default_workloads()
     instance = dg.DagsterInstance.get() if os.environ.get("DAGSTER_HOME") else dg.DagsterInstance.ephemeral()
     known = set(instance.get_dynamic_partitions(workloads_partitions.name))
@@ -75,32 +109,34 @@ def main(argv: list[str] | None = None) -> int:
     before, partitioned, after = demo_selection(graph, lab)
     t0 = time.perf_counter()
     with console.status("observing rocm_image; materializing the knowledge base"):
-        defs.resolve_job_def("observe_rocm_image").execute_in_process(instance=instance)
-        res = dg.materialize(assets, selection=before, instance=instance, resources=resources)
+        defs.resolve_job_def("observe_rocm_image").execute_in_process(instance=instance, run_config=run_config)
+        res = dg.materialize(assets, selection=before, instance=instance, resources=resources, run_config=run_config)
     if not res.success:
         console.print("[red]unpartitioned assets failed[/red]")
         return 1
     reports = []
     for name in names:
-        console.print(f"[bold]workload {name}[/bold]: materializing {len(partitioned)} assets")
-        res = dg.materialize(assets, selection=partitioned, partition_key=name, instance=instance,
-                             resources=resources, raise_on_error=False)
+        with console.status(f"workload {name}: materializing {len(partitioned)} assets"):
+            res = dg.materialize(assets, selection=partitioned, partition_key=name, instance=instance,
+                                 resources=resources, raise_on_error=False, run_config=run_config)
         if not res.success:
-            console.print(f"[red]workload {name}: the run failed; see the Dagster logs above[/red]")
+            console.print(f"[red]workload {name}: the run failed (run {res.run_id}); rerun with "
+                          f"DEMO_ARGS=--verbose for Dagster's logs, or open it in make ui[/red]")
             return 1
         mats = res.asset_materializations_for_node("audit_report")
         path = mats[-1].metadata["report_path"].value if mats else None
-        speed = mats[-1].metadata["speedup"].value if mats else None
-        reports.append((name, path, speed))
+        verdict = mats[-1].metadata["verdict"].value if mats else None
+        console.print(f"workload {name}: audited", highlight=False)
+        reports.append((name, path, verdict))
     if after:
         with console.status("building the SQL models"):
-            if not dg.materialize(assets, selection=list(after), instance=instance, resources=resources).success:
+            if not dg.materialize(assets, selection=list(after), instance=instance, resources=resources,
+                                  run_config=run_config).success:
                 console.print("[red]SQL models failed[/red]")
                 return 1
-    console.print(f"\ndone in {time.perf_counter() - t0:.0f} s")
-    for name, path, speed in reports:
-        console.print(f"report for {name}: {path}  (measured speedup: {speed})", highlight=False)
-    console.print(f"warehouse: {warehouse_path()}")
+    for line in summary_lines(reports, time.perf_counter() - t0):
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
+    console.print(f"warehouse: {_short_path(str(warehouse_path()))}", highlight=False, soft_wrap=True)
     counts = query("SELECT 'runs' t, count(*) n FROM runs UNION ALL SELECT 'sketches', count(*) FROM sketches "
                    "UNION ALL SELECT 'benchmarks', count(*) FROM benchmarks UNION ALL SELECT 'audits', count(*) "
                    "FROM audits")

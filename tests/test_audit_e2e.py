@@ -124,11 +124,13 @@ def test_crashing_script_names_the_file_and_writes_nothing(goblin_home, tmp_path
     wl.mkdir()
     (wl / "train.py").write_text(shutil_copy)
     (wl / "workload.yaml").write_text("entry: train.py\n")
-    r = _goblin("audit", str(wl), "--steps", "3", env_home=goblin_home)
-    assert r.returncode == 2
-    assert "train.py" in r.stderr and "boom in the loop" in r.stderr
-    # the audit fails only because the original failed, and its report says so
-    report = Path(r.stderr.replace("\n", "").split("report: ")[-1].split(".md")[0] + ".md")
+    r = _goblin("audit", str(wl), "--steps", "3", "--plain", "--fail-on", "unhealthy", env_home=goblin_home)
+    # a program that fails as written is the audit's finding: its verdict first, exit 3 only under --fail-on
+    assert r.returncode == 3, r.stderr[-2000:]
+    first = r.stdout.splitlines()[0]
+    assert first.startswith("verdict: the original program failed as written") and "boom in the loop" in first
+    assert "train.py" in r.stdout + r.stderr and "Traceback" not in r.stdout
+    report = Path(r.stdout.split("report: ")[-1].strip())
     text = report.read_text()
     assert "the original program failed" in text and "boom in the loop" in text and "`profile_run`" in text
     db = goblin_home / "warehouse.duckdb"

@@ -45,13 +45,14 @@ def test_every_stage_is_an_asset():
     ("mined_patterns", {"tensor_sketches", "workload_source"}),
     ("kb_index", {"kb_rules"}),
     # workload_source: a replay's rules are checked in its recorded environment (environment.yaml)
-    ("kb_matches", {"training_config", "profile_run", "waste_budget", "mined_patterns", "kb_rules", "kb_index",
-                    "workload_source"}),
+    # tensor_sketches: graded into tensor findings from the upstream rows (the sketch stage runs once)
+    ("kb_matches", {"training_config", "profile_run", "waste_budget", "tensor_sketches", "mined_patterns", "kb_rules",
+                    "kb_index", "workload_source"}),
     ("patch", {"training_config", "kb_rules", "kb_matches", "profile_run", "workload_source"}),
     ("benchmark_baseline", {"training_config", "workload_source", "rocm_image"}),
     ("benchmark_patched", {"patch", "workload_source", "rocm_image"}),
     ("audit_report", {"profile_run", "benchmark_baseline", "benchmark_patched", "patch", "training_config", "kb_matches",
-                      "workload_source"}),
+                      "tensor_sketches", "mined_patterns", "workload_source"}),
 ])
 def test_lineage(child, parents):
     node = _graph().get(dg.AssetKey(child))
@@ -98,7 +99,13 @@ def test_materialize_digits_partition_in_process_and_the_cli_agrees(tmp_path, mo
         "scenario_recording": True, "scenario_expected_findings": True}   # not a scenario: nothing to judge
     meta = res.asset_materializations_for_node("audit_report")[-1].metadata
     assert "Measured speedup" in meta["report"].value and "```diff" in meta["report"].value
-    assert meta["measured_speedup"].value > 1.0
+    assert meta["measured_speedup"].value > 0 and meta["verdict"].value.startswith("patch measured")
+    assert meta["report"].value.splitlines()[2] == f"**Verdict: {meta['verdict'].value}**"   # the verdict first
+    # each stage ran once: the sketches were recorded by tensor_sketches alone, and kb_matches and audit_report
+    # graded the upstream rows (the run's own event log: the session logs each recording once)
+    logs = [e.user_message for e in instance.all_logs(res.run_id)]
+    assert sum("tensor_sketches: tapping forward matmuls" in m for m in logs) == 1, \
+        [m for m in logs if "tensor_sketches" in m]
     for t in ("configs", "runs", "kernels", "waste_budget", "sketches", "patterns", "kb_matches", "benchmarks", "audits"):
         assert query(f"SELECT count(*) n FROM {t}", db).n[0] > 0, t
     # config -> runs -> sketches -> patterns -> kb_matches -> benchmarks is one lineage in SQL

@@ -9,6 +9,8 @@ training step and ``model.half()``.
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 from pathlib import Path
 
@@ -108,29 +110,50 @@ def test_training_steps_count_the_sketch_warm_up():
 
 @pytest.fixture(scope="module")
 def half_audit(tmp_path_factory):
-    """The whole audit of tests/data/half_workload (small step budgets), its frames written to a warehouse."""
-    from goblin_assets.audit.session import AuditSession
-    from goblin_assets.runners.workload import load_workload
-    from goblin_assets.settings import AuditSettings
-    from goblin_assets.warehouse.db import write
+    """The whole audit of tests/data/half_workload through ``goblin audit --plain --fail-on unhealthy`` (small
+    step budgets): the session it ran, its exit status, its stdout and its warehouse."""
+    from goblin_assets import cli
 
     tmp = tmp_path_factory.mktemp("half")
     mp = pytest.MonkeyPatch()
-    mp.setenv("GOBLIN_HOME", str(tmp / "home"))
+    sessions = []
+    opened = cli.open_session
+    mp.setattr(cli, "open_session", lambda *a, **k: sessions.append(opened(*a, **k)) or sessions[-1])
+    for var, value in {"GOBLIN_HOME": tmp / "home", "GOBLIN_RUNNER_WARMUP_STEPS": 1,
+                       "GOBLIN_RUNNER_SKETCH_STEPS": 3}.items():
+        mp.setenv(var, str(value))
+    stdout = io.StringIO()
     try:
-        s = AuditSession.open(load_workload(HALF), settings=AuditSettings(
-            warmup_steps=1, profiled_steps=3, bench_steps=3, bench_repeats=2, bench_budget_s=15, sketch_steps=3))
-        s.run_all()
-        written = write(s.frames(), tmp / "wh.duckdb")
+        with contextlib.redirect_stdout(stdout):
+            code = cli.main(["audit", str(HALF), "--plain", "--fail-on", "unhealthy", "--steps", "3",
+                             "--bench-steps", "3", "--repeats", "2", "--bench-budget", "15"])
     finally:
         mp.undo()
-    return s, written, tmp / "wh.duckdb"
+    (s,) = sessions
+    return s, code, stdout.getvalue(), tmp / "home" / "warehouse.duckdb"
+
+
+def test_the_summary_and_the_headline_lead_with_the_nan_and_fail_on_unhealthy_exits_3(half_audit):
+    s, code, stdout, db = half_audit
+    from goblin_assets.cli import EXIT_FAIL_ON
+    from goblin_assets.warehouse.db import query
+
+    first = stdout.splitlines()[0]
+    assert first.startswith("verdict: ") and "NaN" in first, stdout
+    assert code == EXIT_FAIL_ON                                            # the run is not healthy
+    headline = s.report_path.read_text(encoding="utf-8").splitlines()[2]
+    assert headline.startswith("**Verdict: ") and "NaN" in headline
+    v = s.to_json()["verdict"]
+    assert v["status"] == "unhealthy" and v["healthy"] is False and "NaN" in v["headline"]
+    row = query("SELECT verdict, healthy FROM audits", db).iloc[0]
+    assert (row.verdict, bool(row.healthy)) == ("unhealthy", False)
 
 
 def test_a_half_workload_audit_ends_with_evidence_and_nothing_crashes(half_audit):
     from goblin_assets.warehouse.db import query
 
-    s, written, db = half_audit
+    s, _, _, db = half_audit
+    written = {t: query(f"SELECT count(*) n FROM {t}", db).n[0] for t in ("sketches", "patterns")}
     assert s.report_path is not None and s.report_path.is_file()          # every stage ran, the report was written
     sk = s.tensor_sketches()
     assert sk.value.isna().any() and (sk.stat == "nonfinite").any()
@@ -145,7 +168,7 @@ def test_a_half_workload_audit_ends_with_evidence_and_nothing_crashes(half_audit
 
 
 def test_the_report_names_nan_the_site_the_step_and_the_cause(half_audit):
-    s, _, _ = half_audit
+    s, _, _, _ = half_audit
     ev = nonfinite_evidence(s.mined_patterns(), s.profile_run(), s.training_config())
     report = s.report_path.read_text(encoding="utf-8")
     for needle in ("## Non-finite values", "NaN", f"`{ev.first['site']}`", f"training step {ev.first['train_step']}",

@@ -78,7 +78,8 @@ def test_guard_no_rule_sets_a_profiler_or_debug_variable(kb):
 
 def test_rules_the_cpu_workloads_depend_on_are_unchanged(kb):
     loader = kb.by_id["data.loader_workers_with_threads"]
-    assert loader.detect == ["waste.data_wait.share > 0.30", "config.dataloader_workers < cores"]
+    assert loader.detect == ["waste.data_wait.share > 0.30", "config.dataloader_workers < cores",
+                             "metrics.dataset_in_memory != true"]
     assert loader.fix.config == {"dataloader_workers": "=min(cores, 8)",
                                  "intra_op_threads": "=max(1, cores - dataloader_workers)"}
     assert kb.by_id["data.dynamic_padding"].fix.config == {"padding": "dynamic", "group_by_length": True}

@@ -4,12 +4,14 @@ Seeded stages only: nothing runs (the benchmark results are built here, as a Dag
 """
 from __future__ import annotations
 
+import pandas as pd
 import pytest
 
 from goblin_assets.audit.session import AuditSession
 from goblin_assets.contracts import AppliedRule, BenchmarkResult, Citation, ConfigDict, Patch
 from goblin_assets.runners.workload import load_workload
 from goblin_assets.warehouse.db import validate
+from goblin_assets.warehouse.tables import columns
 from tests.conftest import WORKLOADS
 from tests.test_report_html import _run
 
@@ -22,12 +24,12 @@ def _bench(label: str, values: list[float], m) -> BenchmarkResult:
                            stop_reason="undecided after 4 pairs: the time budget of 120 s is spent")
 
 
-def _session(tmp_path, patched: list[float], history=None) -> AuditSession:
+def _session(tmp_path, patched: list[float], history=None, diff: str = "") -> AuditSession:
     m = _run(0.01, 0.0, 500.0).model_copy(update={"workload": "digits_mlp", "unit": "samples",
                                                   "samples_per_sec": 500.0})
     applied = [AppliedRule(rule_id=RULE, category="data", targets_bucket="data_wait", predicted_recovery=0.3,
                            citation=Citation(title="t", section="s", url="https://pytorch.org"), rationale="")]
-    p = Patch(new_config={}, diff="", target_file="train.py", applied=applied, expected_speedup_low=1.2,
+    p = Patch(new_config={}, diff=diff, target_file="train.py", applied=applied, expected_speedup_low=1.2,
               expected_speedup_high=1.4, confidence=0.7)
     bench = {"baseline": _bench("baseline", [500.0, 480.0, 510.0, 495.0], m),
              "patched": _bench("patched", patched, m)}
@@ -68,3 +70,44 @@ def test_history_scales_the_prediction_and_the_row_keeps_the_models(goblin_home,
     assert "scaled by the record of 3 measured audits" in s.report_path.read_text()
     # a what-if child keeps the history
     assert s.what_if({"batch_size": 32}).history is history
+
+
+DIFF = "--- a/train.py\n+++ b/train.py\n@@ -1 +1 @@\n-num_workers = 0\n+num_workers = 2\n"
+
+
+def test_a_patch_measured_slower_is_not_offered_and_its_measurement_is_kept(goblin_home, tmp_path):
+    s = _session(tmp_path, [330.0, 340.0, 320.0, 335.0], diff=DIFF)      # every pair slower: about 0.67x
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "patch.diff").write_text(DIFF)                 # what the patch stage wrote
+    out = s.to_json()
+    v = out["verdict"]
+    assert v["status"] == "slower" and v["patch_offered"] is False and v["not_recommended"].startswith("measured 0.")
+    assert out["measured_speedup"] < 1 and out["measured_speedup_interval"]["high"] < 1   # the measurement stays
+    assert any(d.startswith(f"{RULE}: not recommended: measured 0.") for d in out["dropped_rules"])
+    assert not (tmp_path / "out" / "patch.diff").exists()              # no patch.diff is offered
+    text = s.report_path.read_text()
+    assert text.splitlines()[2].startswith("**Verdict: patch not recommended: measured 0.")
+    assert "## Not recommended: measured 0." in text and "## Patch to your file" not in text
+    assert "Not recommended: measured 0." in (tmp_path / "out" / "report.html").read_text()
+    row = validate("audits", s.rows("audit_report")["audits"]).iloc[0]
+    assert (row.verdict, row.patch_offered, row.speedup_verdict) == ("slower", False, "slower")
+
+
+def test_an_empty_patch_is_not_benchmarked(goblin_home, tmp_path):
+    class NoRuns:  # any run would be a benchmark of two identical programs
+        kind, python = "local", None
+
+        def run(self, *a, **k):
+            raise AssertionError("an empty patch was run")
+
+    m = _run(0.01, 0.0, 500.0).model_copy(update={"workload": "digits_mlp", "unit": "samples"})
+    p = Patch(new_config={}, diff="", target_file="train.py", applied=[], dropped=[
+        "precision.cpu_bf16_amx: no place to write precision"])
+    s = AuditSession.open(load_workload(WORKLOADS / "digits_mlp"), out_dir=tmp_path / "out", runner=NoRuns(),
+                          training_config=ConfigDict(batch_size=64), profile_run=m, kb_matches=[], patch=p,
+                          tensor_sketches=pd.DataFrame(columns=columns("sketches")))
+    assert s.benchmarks() is None and s.patched_run() is None
+    assert "changes nothing" in s.not_observable["benchmarks"] and "no place to write precision" in \
+        s.not_observable["benchmarks"]
+    v = s.verdict()
+    assert v.status == "no patch" and not v.patch_offered

@@ -166,11 +166,14 @@ def report_summary(s: AuditSession) -> dict[str, Any]:
     rep = s.audit_report()
     applied = [{"rule": a.rule_id, "predicted_share_of_step": _r(a.predicted_recovery, 3),
                 "source": f"{a.citation.title}, {a.citation.section}"} for a in s.patch().applied]
+    verdict = {"verdict": s.verdict().headline, "healthy": s.verdict().healthy,
+               "patch_offered": s.verdict().patch_offered}  # what matters most, first
     if isinstance(rep, ReplayReport):
-        return {**_not_observable(s, "benchmarks"), "measured_speedup": None, "provenance": rep.provenance,
+        return {**verdict, **_not_observable(s, "benchmarks"), "measured_speedup": None, "provenance": rep.provenance,
                 "predicted_speedup": [_r(rep.predicted_low), _r(rep.predicted_high)], "confidence": _r(rep.confidence),
                 "applied": applied, "report": str(s.report_path)}
     return {
+        **verdict,
         **_whatif(s),
         # rounded once, as the report prints it (2 decimals): 1.4047 rounded to 3 and then printed with
         # 2 decimals read "1.41x" in the agent's answer beside the report's "1.40x"

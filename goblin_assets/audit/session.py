@@ -66,7 +66,7 @@ from goblin_assets.host import HostFacts, current_host, for_interpreter, keyword
 from goblin_assets.ids import make_audit_id
 from goblin_assets.kb.retrieval import KBIndex, embedding_frame, index_for, retrieval_scores, run_symptoms
 from goblin_assets.kb.rules import KnowledgeBase, detect_context, load_kb, local_world_size, match_rules
-from goblin_assets.measure.benchmark import benchmark
+from goblin_assets.measure.benchmark import bench_interval, benchmark
 from goblin_assets.measure.calibration import Calibration, calibrate
 from goblin_assets.measure.evidence import NonfiniteEvidence, nonfinite_evidence
 from goblin_assets.measure.profile import profile_run, timed_metrics
@@ -78,6 +78,7 @@ from goblin_assets.redact import redact
 from goblin_assets.report.compare import AuditReport, compare_runs, hazard_notes
 from goblin_assets.report.html import write_html, write_report
 from goblin_assets.report.markdown import ReplayReport, replay_report
+from goblin_assets.report.verdict import Verdict, audit_verdict
 from goblin_assets.runners.base import Runner
 from goblin_assets.runners.devices import device_facts
 from goblin_assets.runners.factory import make_runner, runner_for
@@ -218,6 +219,7 @@ class AuditSession:
         """Write ``report.md`` saying the original program failed in ``stage``, why, and what was not run."""
         m = exc.metrics
         first, _, _ = str(exc).partition("\n--- stderr")
+        self.results["failure"] = f"`{stage}`: {redact(first)}"
         lines = [f"# Goblin audit: {self.workload.name} (the original program failed)", "",
                  f"**The audit stopped at `{stage}`: your program failed as written, before any patch.** "
                  f"{redact(first)}", "",
@@ -473,7 +475,7 @@ class AuditSession:
         Raises RunFailed.
         """
         def bench() -> dict[str, BenchmarkResult] | None:
-            if self._why_not("benchmark"):
+            if self._why_not("benchmark") or self._no_change():
                 self.log(f"benchmarks: {self.not_observable['benchmarks']}")
                 return None
             s, p = self.settings, self.patch()
@@ -488,10 +490,26 @@ class AuditSession:
                              warmup=s.warmup_steps, budget_s=s.bench_budget_s, log=self.log)
         return self._memo("benchmarks", bench)
 
+    def _no_change(self) -> str | None:
+        """Why the patch needs no benchmark (it changes nothing in the program), or None.
+
+        Two runs of the same program measure nothing but noise: a patch with no
+        diff and no environment change is not benchmarked, and the reason is in
+        :attr:`not_observable` (``benchmarks``).
+        """
+        p = self.patch()
+        if p.diff.strip() or p.env or p.unset_env:
+            return None
+        why = ("the patch changes nothing in your program: "
+               + (f"the rules that fired could not be written ({'; '.join(p.dropped)})" if p.dropped
+                  else "no tuning rule asked for a change") + ", so there is nothing to benchmark")
+        self.not_observable.setdefault("benchmarks", why)
+        return why
+
     def patched_run(self) -> RunMetrics | None:
         """Stage ``patched_run``: the patched program profiled; None for a replay.  Raises RunFailed."""
         def run() -> RunMetrics | None:
-            if self._why_not("benchmark"):
+            if self._why_not("benchmark") or self._no_change():
                 return None
             return self._profile("patched", self.patch())
         return self._memo("patched_run", run)
@@ -505,19 +523,26 @@ class AuditSession:
         def report() -> AuditReport | ReplayReport:
             before, p, cfg = self.profile_run(), self.patch(), self.training_config()
             bench, after = self.benchmarks(), self.patched_run()
+            v = self.verdict()
             self.out_dir.mkdir(parents=True, exist_ok=True)
+            if not v.patch_offered:  # a patch measured slower (or empty) is never handed over as a fix
+                (self.out_dir / "patch.diff").unlink(missing_ok=True)
             if bench is None or after is None:
                 rep = replay_report(before, p, cfg, model=self.workload.model, calibration=self.calibration(),
                                     hazards=hazard_notes(self.rules(), self.kb_matches()),
-                                    tensors=self.tensor_findings())
+                                    tensors=self.tensor_findings(), verdict=v,
+                                    not_benchmarked=self.not_observable.get("benchmarks", ""),
+                                    nonfinite_markdown=self.nonfinite().markdown if self.nonfinite() else None)
                 (self.out_dir / "report.md").write_text(rep.markdown, encoding="utf-8")
+                if not self.replay:  # a measured profile with nothing to benchmark: its page too
+                    write_html(rep, self.out_dir / "report.html")
                 self.results["report_path"] = self.out_dir / "report.md"
             else:
                 rep = compare_runs(before, after, bench, p, cfg, model=self.workload.model,
                                    calibration=self.calibration(), nonfinite=self.nonfinite(),
                                    python=getattr(self.runner, "python", None), packages=self.packages_seen(),
                                    hazards=hazard_notes(self.rules(), self.kb_matches()),
-                                   tensors=self.tensor_findings())
+                                   tensors=self.tensor_findings(), verdict=v)
                 a, b = self.device_trace("profile"), self.device_trace("patched")
                 if a is not None and b is not None:  # GPU runs: goblin trace's diff, original vs patched
                     from goblin_assets.trace.analysis import diff_markdown
@@ -526,6 +551,30 @@ class AuditSession:
                 self.results["report_path"] = write_report(rep, self.out_dir)
             return rep
         return self._memo("audit_report", report)
+
+    def verdict(self) -> Verdict:
+        """The audit's ranked verdict (report/verdict.py): a failed original, a non-finite run, a hazard, then the
+        patch's measured effect (memoised).
+
+        After the original failed (:attr:`results` ``failure``, set when a run of the original raised), only
+        the failure is judged: nothing else ran.
+        """
+        def judge() -> Verdict:
+            if self.results.get("failure"):
+                return audit_verdict(failure=self.results["failure"])
+            before, bench = self.profile_run(), self.benchmarks()
+            try:
+                interval = bench_interval(bench) if bench else None
+            except (KeyError, ValueError):  # an arm missing, or too few repeats for an interval
+                interval = None
+            loss_step = next((x.step for x in before.signals or [] if x.id == "loss_nonfinite"), None)
+            return audit_verdict(
+                nonfinite=self.nonfinite(), loss_nonfinite_step=loss_step,
+                hazards=hazard_notes(self.rules(), self.kb_matches()),
+                interval=interval, patch_changes=self._no_change() is None,
+                why_no_patch=self.not_observable.get("benchmarks", "") if self._no_change() else "",
+                not_measured=self.not_observable.get("benchmarks", ""))
+        return self._memo("verdict", judge)
 
     def nonfinite(self) -> NonfiniteEvidence | None:
         """Where NaN/inf appeared (mined sketches, the parameters' check) and the likely precision cause; None if
@@ -647,6 +696,7 @@ class AuditSession:
         """
         rep, p, after, bench = self.audit_report(), self.patch(), self.patched_run(), self.benchmarks() or {}
         return {
+            "verdict": self.verdict().model_dump(),
             "audit_id": self.audit_id,
             "workload": self.workload.name,
             "config": json.loads(self.training_config().model_dump_json(exclude={"raw_source"})),
@@ -663,7 +713,8 @@ class AuditSession:
             "rules": [a.rule_id for a in p.applied],
             "fired_rules": [m.rule_id for m in self.kb_matches() if m.fired],
             "hazards": [h.model_dump() for h in hazard_notes(self.rules(), self.kb_matches())],
-            "dropped_rules": p.dropped,
+            "dropped_rules": p.dropped + ([f"{a.rule_id}: not recommended: {self.verdict().not_recommended}"
+                                           for a in p.applied] if self.verdict().not_recommended else []),
             "diff": redact(p.diff),
             "report_path": str(self.report_path),
             "provenance": self.profile_run().provenance.kind,

@@ -192,11 +192,12 @@ def kb_index(context: dg.AssetExecutionContext, kb_rules: KnowledgeBase, warehou
 @dg.asset(group_name="kb", pool=POOL, deps=[waste_budget], check_specs=check_specs("kb_matches"),
           dagster_type=value_type(list, "RuleMatches"), **_AUTO, **_KW)
 def kb_matches(context: dg.AssetExecutionContext, workload_source: Workload, training_config: ConfigDict,
-               profile_run: RunMetrics, mined_patterns: pd.DataFrame, kb_rules: KnowledgeBase, kb_index: KBIndex,
-               runner: RunnerResource, warehouse: WarehouseResource):
-    """Every rule's detect conditions checked on this workload's config, waste budget, host (a replay's recorded one) and mined tensor patterns."""
+               profile_run: RunMetrics, tensor_sketches: pd.DataFrame, mined_patterns: pd.DataFrame,
+               kb_rules: KnowledgeBase, kb_index: KBIndex, runner: RunnerResource, warehouse: WarehouseResource):
+    """Every rule's detect conditions checked on this workload's config, waste budget, host (a replay's recorded one), mined tensor patterns and graded tensor findings (from the upstream sketches: nothing is recorded again)."""
     s = audit_session(context, workload_source, runner, kb=kb_rules, training_config=training_config,
-                      profile_run=profile_run, mined_patterns=mined_patterns, kb_index=kb_index)
+                      profile_run=profile_run, tensor_sketches=tensor_sketches, mined_patterns=mined_patterns,
+                      kb_index=kb_index)
     matches = s.kb_matches()
     top = sorted((m for m in matches if m.retrieval_score is not None), key=lambda m: -m.retrieval_score)[:5]
     return dg.MaterializeResult(value=matches, check_results=[
@@ -260,21 +261,27 @@ def benchmarks(context: dg.AssetExecutionContext, workload_source: Workload, tra
 def audit_report(context: dg.AssetExecutionContext, profile_run: RunMetrics,
                  benchmark_baseline: BenchmarkResult | None, benchmark_patched: tuple, patch: Patch,
                  training_config: ConfigDict, workload_source: Workload, kb_matches: list[RuleMatch],
+                 tensor_sketches: pd.DataFrame, mined_patterns: pd.DataFrame,
                  runner: RunnerResource, warehouse: WarehouseResource):
     """The before/after report: measured throughput, waste budget split, the diff and the citations (for a replay: the recorded numbers, labelled, and no measured speedup).
 
-    ``kb_matches`` is the upstream asset's value: the report step matches nothing again (in a fresh
-    step process that would load the embedding model and encode the KB once more)."""
+    ``kb_matches``, ``tensor_sketches`` and ``mined_patterns`` are the upstream assets' values: the report
+    step matches and records nothing again (in a fresh step process that would load the embedding model,
+    encode the KB and run the workload under the sketch taps once more)."""
     bench_p, after = benchmark_patched
     bench = {"baseline": benchmark_baseline, "patched": bench_p} if benchmark_baseline is not None else None
     s = audit_session(context, workload_source, runner, profile_run=profile_run, benchmarks=bench,
                       patched_run=after, patch=patch, training_config=training_config, kb_matches=kb_matches,
+                      tensor_sketches=tensor_sketches, mined_patterns=mined_patterns,
                       history=warehouse.query(HISTORY_SQL))
     rep = s.audit_report()  # a replay's benchmarks are not observable: nothing runs
     png = s.out_dir / "report.png"
     md = report_markdown(rep, f"data:image/png;base64,{base64.b64encode(png.read_bytes()).decode()}"
                          if png.is_file() else None)
-    context.add_output_metadata({**warehouse.write(s.rows("audit_report")), "report": dg.MetadataValue.md(md),
+    v = s.verdict()
+    context.add_output_metadata({"verdict": v.headline, "verdict_status": v.status, "healthy": v.healthy,
+                                 "patch_offered": v.patch_offered,
+                                 **warehouse.write(s.rows("audit_report")), "report": dg.MetadataValue.md(md),
                                  "report_path": dg.MetadataValue.path(str(s.report_path)),
                                  "provenance": profile_run.provenance.kind,
                                  "measured_speedup": dg.MetadataValue.float(rep.measured_speedup)

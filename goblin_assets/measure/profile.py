@@ -78,6 +78,7 @@ def throughput_fields(raw: RawRun, workload: Workload) -> dict:
         "tokens_per_sec": tokens / total_t if total_t > 0 and tokens else None,
         "padding_share": 1.0 - nonpad / tokens if tokens else None,
         "prefetch_warmup_steps": raw.result.prefetch_warmup_steps,
+        "dataset_in_memory": raw.result.dataset_in_memory,
         "nonfinite_step": raw.result.first_nonfinite_step,
         "nonfinite_params": list(raw.result.nonfinite_params),
     }

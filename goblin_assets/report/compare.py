@@ -28,6 +28,7 @@ from goblin_assets.measure.evidence import NonfiniteEvidence
 from goblin_assets.measure.waste import shares
 from goblin_assets.opscope.tensor_findings import TensorFindings
 from goblin_assets.redact import redact
+from goblin_assets.report.verdict import Verdict
 
 
 class HazardNote(BaseModel):
@@ -142,6 +143,7 @@ class AuditReport(BaseModel):
     packages: dict[str, str | None] = Field(default_factory=dict)
     hazards: list[HazardNote] = Field(default_factory=list)
     signals: list[Signal] = Field(default_factory=list)
+    verdict: Verdict | None = None
 
 
 def _accelerator(m: RunMetrics) -> str:
@@ -289,7 +291,8 @@ def compare_runs(before: RunMetrics, after: RunMetrics, bench: dict[str, Benchma
                  config: ConfigDict, model: str = "", calibration: Calibration | None = None,
                  nonfinite: NonfiniteEvidence | None = None, python: str | None = None,
                  packages: dict[str, str | None] | None = None,
-                 hazards: list[HazardNote] | None = None, tensors: TensorFindings | None = None) -> AuditReport:
+                 hazards: list[HazardNote] | None = None, tensors: TensorFindings | None = None,
+                 verdict: Verdict | None = None) -> AuditReport:
     """Build the report model from the original and patched runs (pure function).
 
     Parameters
@@ -314,6 +317,8 @@ def compare_runs(before: RunMetrics, after: RunMetrics, bench: dict[str, Benchma
         The hazards and warnings that fired (:func:`hazard_notes`).
     tensors : TensorFindings, optional
         The "Tensor findings" section (opscope/tensor_findings.py), when tensors were sketched.
+    verdict : Verdict, optional
+        The audit's ranked verdict (:func:`goblin_assets.report.verdict.audit_verdict`), said first.
     calibration : Calibration, optional
         The patch's prediction scaled by its rules' record
         (:func:`goblin_assets.measure.calibration.calibrate`); default: the
@@ -370,4 +375,5 @@ def compare_runs(before: RunMetrics, after: RunMetrics, bench: dict[str, Benchma
         tensor_markdown=tensors.markdown() if tensors is not None else [],
         tensor_html=tensors.html() if tensors is not None else "",
         python=python, packages=dict(packages or {}), hazards=list(hazards or []), signals=list(before.signals or []),
+        verdict=verdict,
     )

@@ -145,10 +145,19 @@ def _diff_html(diff: str) -> str:
     return '<pre class="diff">' + "\n".join(lines) + "</pre>"
 
 
+def _verdict_html(rep: AuditReport) -> list[str]:
+    """The verdict first: its headline, and its ranked items when there are several."""
+    v = rep.verdict
+    if v is None:
+        return []
+    items = ("<ul>" + "".join(f"<li>{_e(line)}</li>" for line in v.lines()) + "</ul>") if len(v.items) > 1 else ""
+    return [f'<p class="headline verdict"><b>Verdict: {_e(v.headline)}</b></p>' + items]
+
+
 def render_html(rep: AuditReport) -> str:
     """The report as one self-contained HTML page (charts embedded as base64 PNG, no external assets).
 
-    Sections: the headline (measured vs predicted speedup, confidence), the
+    Sections: the verdict, the headline (measured vs predicted speedup, confidence), the
     waste-budget chart (before vs after, stacked by bucket) and the
     throughput chart, the side-by-side metrics, the waste budget table, each
     applied rule with its citation, rules not applied and why, how rules on
@@ -164,6 +173,7 @@ def render_html(rep: AuditReport) -> str:
         f"<title>Goblin audit: {_e(rep.workload)}</title><style>{_CSS}</style></head><body>",
         f"<h1>Goblin audit: {_e(rep.workload)}</h1>",
         f'<p class="muted">{_e(rep.model)} · {_e(rep.device)} · generated {_e(rep.created_at)}</p>',
+        *_verdict_html(rep),
         f'<p class="headline"><b>Measured speedup: {_e(speedup_text(rep))}</b> '
         f"({rep.baseline_throughput:,.1f} → {rep.patched_throughput:,.1f} {_e(u)}, medians of {rep.repeats} "
         f"alternating repeats of {rep.steps} steps, no profiler on timed steps{_e(stop_text(rep))}). "
@@ -171,8 +181,6 @@ def render_html(rep: AuditReport) -> str:
     ]
     if rep.nonfinite_html:
         parts.append(rep.nonfinite_html)
-    if rep.tensor_html:
-        parts.append(rep.tensor_html)
     if rep.measured_interval is not None:
         parts.append(f'<p class="muted">How the speedup was measured: {_e(rep.measured_interval.method)}.</p>')
     if rep.unit == "tokens":
@@ -233,10 +241,17 @@ def render_html(rep: AuditReport) -> str:
     if rep.env or rep.unset_env:
         env = [f"export {k}={v}" for k, v in rep.env.items()] + [f"unset {k}" for k in rep.unset_env]
         parts += ["<p><b>Environment for the patched run</b></p>", f'<pre class="diff">{_e(chr(10).join(env))}</pre>']
-    parts += [f"<h2>Patch to your file{' (' + _e(rep.target_file) + ')' if rep.target_file else ''}</h2>",
-              _diff_html(rep.diff),
-              '<p class="muted">Apply it in the workload folder with <code>git apply</code> or '
-              "<code>patch -p1</code>.</p>"]
+    if rep.verdict is not None and rep.verdict.not_recommended:
+        parts += [f"<h2>Not recommended: {_e(rep.verdict.not_recommended)}</h2>",
+                  "<p>The change below was benchmarked and made your program slower, so it is not offered as a fix "
+                  "and no <code>patch.diff</code> is written.</p>", _diff_html(rep.diff)]
+    else:
+        parts += [f"<h2>Patch to your file{' (' + _e(rep.target_file) + ')' if rep.target_file else ''}</h2>",
+                  _diff_html(rep.diff),
+                  '<p class="muted">Apply it in the workload folder with <code>git apply</code> or '
+                  "<code>patch -p1</code>.</p>"]
+    if rep.tensor_html:
+        parts.append(rep.tensor_html)
     if rep.warnings:
         parts += ["<h2>Notes</h2><ul>", *[f"<li>{_e(w)}</li>" for w in rep.warnings], "</ul>"]
     footer = [("workload", rep.workload), ("model", rep.model or "unknown"), ("device", rep.device),

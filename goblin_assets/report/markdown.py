@@ -14,6 +14,7 @@ from goblin_assets.measure.calibration import Calibration, calibrate
 from goblin_assets.opscope.tensor_findings import TensorFindings
 from goblin_assets.redact import redact
 from goblin_assets.report.compare import AuditReport, HazardNote
+from goblin_assets.report.verdict import Verdict
 
 
 def no_rule_text(applied: list, dropped: list[str]) -> str:
@@ -129,10 +130,37 @@ def predicted_text(rep: AuditReport) -> str:
     return text + (f" {cal.note()}" if cal is not None else "")
 
 
+def verdict_markdown(verdict: Verdict | None) -> list[str]:
+    """The verdict as the report's first lines: the headline in bold, then every ranked item when there are several."""
+    if verdict is None:
+        return []
+    out = [f"**Verdict: {verdict.headline}**", ""]
+    if len(verdict.items) > 1:
+        out += [f"- {line}" for line in verdict.lines()] + [""]
+    return out
+
+
+def patch_markdown(diff: str, verdict: Verdict | None, exact_note: bool = True) -> list[str]:
+    """The patch section: "Patch to your file", or "Not recommended" with the measured change when it was slower."""
+    body = ["```diff", diff.rstrip() or "(no change)", "```", ""]
+    if verdict is not None and verdict.not_recommended:
+        return ["## Not recommended: " + verdict.not_recommended, "",
+                "The change below was benchmarked and made your program slower, so it is not offered as a fix and "
+                "no `patch.diff` is written; the measurement stays in the report and the warehouse.", "", *body]
+    note = (["Secrets and personal paths in it are redacted here; `patch.diff` beside this report is the exact "
+             "diff: apply it in the workload folder with `git apply` or `patch -p1`.", ""] if exact_note else [])
+    return ["## Patch to your file", "", *body, *note]
+
+
 def render_markdown(rep: AuditReport, chart_name: str | None = None) -> str:
-    """The report as GitHub-flavoured markdown (renders in Dagster's metadata view)."""
+    """The report as GitHub-flavoured markdown (renders in Dagster's metadata view).
+
+    Order: the verdict (report/verdict.py), the measured speedup, the non-finite evidence, the applied rules
+    and hazards, the patch (or why it is not recommended), then the measurements behind them, the run's own
+    signals, the tensor findings and the notes.
+    """
     u = unit_text(rep)
-    out = [f"# Goblin audit: {rep.workload}", ""]
+    out = [f"# Goblin audit: {rep.workload}", "", *verdict_markdown(rep.verdict)]
     out += [f"**Measured speedup: {speedup_text(rep)}** ({rep.baseline_throughput:.1f} → "
             f"{rep.patched_throughput:.1f} {u}, medians of {rep.repeats} alternating repeats of "
             f"{rep.steps} steps each, no profiler on timed steps{stop_text(rep)}). {predicted_text(rep)}", ""]
@@ -144,8 +172,8 @@ def render_markdown(rep: AuditReport, chart_name: str | None = None) -> str:
     if chart_name:
         out += [f"![waste budget and throughput]({chart_name})", ""]
     out += rep.nonfinite_markdown
-    out += rep.tensor_markdown
-    out += rep.trace_diff_markdown
+    out += rules_markdown(rep.applied, rep.dropped, rep.env, rep.unset_env, rep.hazards, rep.consistency_notes)
+    out += ["", *patch_markdown(rep.diff, rep.verdict)]
     out += ["## Throughput (measured)", "", f"| run | {u} (median) | spread (max−min) | step time (profiled) |",
             "|---|---|---|---|",
             f"| original | {rep.baseline_throughput:.1f} | {rep.baseline_spread:.1f} | "
@@ -167,16 +195,11 @@ def render_markdown(rep: AuditReport, chart_name: str | None = None) -> str:
         status = bc.before_status if bc.before_status == bc.after_status else f"{bc.before_status} / {bc.after_status}"
         out.append(f"| {bc.bucket} | {bc.before_s * 1e3:.2f} ms | {bc.before_share:.0%} | {bc.after_s * 1e3:.2f} ms | "
                    f"{bc.after_share:.0%} | {status} |")
-    out += ["", *signals_markdown(rep.signals), *rules_markdown(rep.applied, rep.dropped, rep.env, rep.unset_env,
-                                                                rep.hazards, rep.consistency_notes)]
-    out += ["", "## Patch to your file", "", "```diff", rep.diff.rstrip() or "(no change)", "```", "",
-            "Secrets and personal paths in it are redacted here; `patch.diff` beside this report is the exact "
-            "diff: apply it in the workload folder with `git apply` or `patch -p1`.", ""]
+    out += ["", *signals_markdown(rep.signals), *rep.tensor_markdown, *rep.trace_diff_markdown]
     if rep.warnings:
         out += ["## Notes", "", *[f"- {w}" for w in rep.warnings], ""]
     out += ["---", _footer(rep)]
     return "\n".join(out) + "\n"
-
 
 
 def report_markdown(rep: AuditReport | ReplayReport, chart_name: str | None = None) -> str:
@@ -207,13 +230,15 @@ class ReplayReport(BaseModel):
     measured_speedup: float | None = None
     measured_interval: SpeedupInterval | None = None
     calibration: Calibration | None = None
+    verdict: Verdict | None = None
     markdown: str
 
 
 def replay_report(before: RunMetrics, patch: Patch, config: ConfigDict, model: str = "",
                   calibration: Calibration | None = None, hazards: list[HazardNote] | None = None,
-                  tensors: TensorFindings | None = None) -> ReplayReport:
-    """The report of an audit whose run was replayed (pure function).
+                  tensors: TensorFindings | None = None, verdict: Verdict | None = None,
+                  not_benchmarked: str = "", nonfinite_markdown: list[str] | None = None) -> ReplayReport:
+    """The report of an audit whose run was replayed, or profiled with nothing to benchmark (pure function).
 
     Parameters
     ----------
@@ -232,6 +257,13 @@ def replay_report(before: RunMetrics, patch: Patch, config: ConfigDict, model: s
         The hazards and warnings that fired.
     tensors : TensorFindings, optional
         The "Tensor findings" section, where the recording holds sketches (a replay usually has none).
+    verdict : Verdict, optional
+        The audit's ranked verdict, said first.
+    not_benchmarked : str
+        For a measured profile whose patch was not benchmarked (it changes nothing): why.
+    nonfinite_markdown : list of str, optional
+        The "Non-finite values" section (:class:`~goblin_assets.measure.evidence.NonfiniteEvidence`), when the
+        run held NaN or inf.
 
     Units: step times in ms, throughputs in the run's ``throughput_unit``.
     """
@@ -247,25 +279,31 @@ def replay_report(before: RunMetrics, patch: Patch, config: ConfigDict, model: s
             (u, val(before.throughput, "{:,.1f}", "throughput")), ("MFU", val(before.mfu_pct, "{:.1f} %", "mfu_pct")),
             ("memory peak", val(before.mem_peak_gb, "{:.1f} GB", "mem_peak_gb")),
             ("utilisation", val(before.util_pct, "{:.0f} %", "util_pct")), ("device", before.provenance.device)]
-    out = [f"# Goblin audit: {before.workload} ({kind}, nothing measured by this run)", "",
-           f"**Measured speedup: not observable.** Every number below is {kind}, from the recording "
-           f"`{source}`. A benchmark needs timed runs of the original and the patched workload, and a replay runs "
-           f"nothing. Predicted {cal.low:.2f}x–{cal.high:.2f}x (modelled from the {kind} waste budget"
-           f"{', scaled by measured audits' if cal.applied else ''}), confidence {cal.confidence:.2f}. "
-           f"{cal.note()}", "",
-           f"## Recorded run ({kind})", "", "| metric | value |", "|---|---|", *[f"| {k} | {v} |" for k, v in rows],
+    if kind == "measured":
+        head = [f"# Goblin audit: {before.workload} (profiled; nothing benchmarked)", "", *verdict_markdown(verdict),
+                f"**Measured speedup: not observable.** {(not_benchmarked or 'nothing was benchmarked').capitalize()}. "
+                "The numbers below are the profiled run's (measured).", ""]
+    else:
+        head = [f"# Goblin audit: {before.workload} ({kind}, nothing measured by this run)", "",
+                *verdict_markdown(verdict),
+                f"**Measured speedup: not observable.** Every number below is {kind}, from the recording "
+                f"`{source}`. A benchmark needs timed runs of the original and the patched workload, and a replay "
+                f"runs nothing. Predicted {cal.low:.2f}x–{cal.high:.2f}x (modelled from the {kind} waste budget"
+                f"{', scaled by measured audits' if cal.applied else ''}), confidence {cal.confidence:.2f}. "
+                f"{cal.note()}", ""]
+    out = [*head, *(nonfinite_markdown or []), *rules_markdown(patch.applied, patch.dropped, patch.env, patch.unset_env, list(hazards or []),
+                                  patch.consistency_notes),
+           "", *patch_markdown(redact(patch.diff), verdict, exact_note=False),
+           f"## {'Profiled' if kind == 'measured' else 'Recorded'} run ({kind})", "", "| metric | value |", "|---|---|",
+           *[f"| {k} | {v} |" for k, v in rows],
            "", f"## Waste budget per step ({kind})", "", "| bucket | ms/step | status |", "|---|---|---|",
            *[f"| {k} | {b.seconds * 1e3:.2f} | {b.status} |" for k, b in before.waste_budget.items()],
-           ""]
+           "", *signals_markdown(before.signals)]
     out += tensors.markdown() if tensors is not None else []
-    out += signals_markdown(before.signals)
-    out += rules_markdown(patch.applied, patch.dropped, patch.env, patch.unset_env, list(hazards or []),
-                          patch.consistency_notes)
-    out += ["", "## Patch to your file", "", "```diff", redact(patch.diff).rstrip() or "(no change)", "```", ""]
     if before.warnings:
         out += ["## Notes", "", *[f"- {w}" for w in before.warnings], ""]
     out += ["---", f"Workload `{before.workload}`, model {model or config.model_name or 'unknown'}, "
                    f"batch_size={config.batch_size}, seq_len={config.seq_len}. Numbers: {kind} ({source})."]
     return ReplayReport(workload=before.workload, unit=before.unit, provenance=kind, source=source,
                         predicted_low=cal.low, predicted_high=cal.high, confidence=cal.confidence, calibration=cal,
-                        markdown="\n".join(out) + "\n")
+                        verdict=verdict, markdown="\n".join(out) + "\n")

@@ -131,6 +131,21 @@ class StepBudgetReached(BaseException):
     """Raised from the optimizer hook once the step budget is spent."""
 
 
+def _in_memory(ds) -> bool:
+    """Whether a dataset's items are slices of tensors already in memory (``TensorDataset``, and ``Subset`` /
+    ``ConcatDataset`` of such): then fetching an item costs an index, and DataLoader worker processes only add
+    start-up and inter-process copies (PyTorch's data-loading docs: workers parallelise ``__getitem__``)."""
+    from torch.utils.data import ConcatDataset, Subset, TensorDataset
+
+    if isinstance(ds, TensorDataset):
+        return True
+    if isinstance(ds, Subset):
+        return _in_memory(ds.dataset)
+    if isinstance(ds, ConcatDataset):
+        return all(_in_memory(d) for d in ds.datasets)
+    return False
+
+
 def _leading_count(batch, field, unit: str, mask_field: str | None) -> tuple[int, int, int]:
     """(samples, tokens, non-padding tokens) in one batch; 0s when unreadable."""
     try:
@@ -171,6 +186,8 @@ class Harness:
         self.prefetch_depth: int | None = None  # batches a loader's workers queue ahead (workers x prefetch_factor)
         self.prefetch_warmup = 0  # optimizer steps added to the warm-up to drain that queue
         self.dataset_samples: int | None = None  # len() of the first loader's dataset (None: unknown)
+        self.dataset_class: str | None = None  # the first loader's dataset class, module-qualified
+        self.dataset_in_memory: bool | None = None  # its items are slices of tensors already in memory
         self.py_warnings: dict[tuple[str, str], dict] = {}  # (category, message) -> where first seen, count
         self.step_losses: list = []     # the last scalar .backward() of each optimizer step (detached tensors)
         self.cur_loss = None
@@ -196,6 +213,10 @@ class Harness:
                     h.dataset_samples = len(it._dataset)
                 except (AttributeError, TypeError, NotImplementedError):  # an IterableDataset has no length
                     h.dataset_samples = None
+                ds = getattr(it, "_dataset", None)
+                if ds is not None:
+                    h.dataset_class = f"{type(ds).__module__}.{type(ds).__qualname__}"
+                    h.dataset_in_memory = _in_memory(ds)
             t0 = time.perf_counter()
             batch = orig(it)
             h.cur[3] += time.perf_counter() - t0
@@ -355,6 +376,7 @@ class Harness:
             max_rss_gb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9,
             rss_gb_samples=[r / 1e9 for r in self.rss_samples], python=sys.executable,
             prefetch_warmup_steps=self.prefetch_warmup, dataset_samples=self.dataset_samples,
+            dataset_class=self.dataset_class, dataset_in_memory=self.dataset_in_memory,
             python_warnings=list(self.py_warnings.values())[:50], losses=self._losses(),
             grads_missing=self.grads_missing, params_trainable=self.params_trainable,
             nonfinite_params=self._nonfinite_params(),

@@ -128,7 +128,9 @@ class HarnessResult(BaseModel):
     in ``profile`` mode.  ``num_threads`` is torch's intra-op thread count.
     ``python`` is the interpreter the child ran in; ``prefetch_warmup_steps``
     the optimizer steps added to the warm-up to drain the DataLoader's prefetch
-    queue (steady state); ``dataset_samples`` the length of the first
+    queue (steady state); ``dataset_class`` and ``dataset_in_memory`` the first
+    loader's dataset class and whether its items are slices of in-memory
+    tensors (``TensorDataset``); ``dataset_samples`` the length of the first
     DataLoader's dataset (None for an iterable dataset); ``nonfinite_params``
     the parameters of the stepped optimizers that held NaN/Inf at the end
     (described by place, shape and dtype; at most 10); ``first_nonfinite_step``
@@ -167,6 +169,8 @@ class HarnessResult(BaseModel):
     python: str | None = None
     prefetch_warmup_steps: int = Field(default=0, ge=0)
     dataset_samples: int | None = Field(default=None, ge=0)
+    dataset_class: str | None = None
+    dataset_in_memory: bool | None = None
     nonfinite_params: list[str] = Field(default_factory=list)
     first_nonfinite_step: int | None = None
     python_warnings: list[PyWarning] = Field(default_factory=list)

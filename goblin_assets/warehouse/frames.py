@@ -131,9 +131,13 @@ def audit_frame(audit_id: str, workload: str, profile_run_id: str, patched_run_i
     ``speedup_level`` (0..1) over ``speedup_pairs`` pairs, and
     ``speedup_verdict`` its reading (``faster``, ``slower``, ``no significant
     change``, ``no interval``); all null when nothing was measured (a replay).
+    ``verdict``, ``healthy`` and ``patch_offered`` are the audit's ranked
+    verdict (:class:`goblin_assets.report.verdict.Verdict`): its first kind,
+    whether the run was healthy, whether the patch is handed over as a fix.
     """
     iv = getattr(rep, "measured_interval", None)
     cal = getattr(rep, "calibration", None)
+    v = getattr(rep, "verdict", None)
     return _frame("audits", [{
         "audit_id": audit_id, "workload": workload, "created_at": datetime.now(),
         "profile_run_id": profile_run_id, "baseline_run_id": profile_run_id, "patched_run_id": patched_run_id,
@@ -148,4 +152,6 @@ def audit_frame(audit_id: str, workload: str, profile_run_id: str, patched_run_i
         "speedup_verdict": iv.verdict if iv else None,
         "calibrated_speedup_low": rep.predicted_low, "calibrated_speedup_high": rep.predicted_high,
         "calibrated_confidence": rep.confidence, "calibration_audits": cal.audits if cal is not None else 0,
+        "verdict": v.status if v else None, "healthy": v.healthy if v else None,
+        "patch_offered": v.patch_offered if v else None,
     }])

@@ -64,6 +64,8 @@ TABLES: dict[str, list[tuple[str, str, bool]]] = {
         ("speedup_pairs", "BIGINT", True), ("speedup_verdict", "VARCHAR", True),
         ("calibrated_speedup_low", "DOUBLE", True), ("calibrated_speedup_high", "DOUBLE", True),
         ("calibrated_confidence", "DOUBLE", True), ("calibration_audits", "BIGINT", True),
+        # the verdict (report/verdict.py): its kind, whether the run was healthy, whether the patch is offered
+        ("verdict", "VARCHAR", True), ("healthy", "BOOLEAN", True), ("patch_offered", "BOOLEAN", True),
     ],
     "runs": [
         ("run_id", "VARCHAR", False), ("audit_id", "VARCHAR", True), ("workload", "VARCHAR", False),
@@ -199,6 +201,8 @@ _CHECKS: dict[tuple[str, str], list[pa.Check]] = {
     ("audits", "speedup_level"): [pa.Check.in_range(0, 1, include_min=False, include_max=False)],
     ("audits", "speedup_pairs"): [pa.Check.ge(1)],
     ("audits", "calibration_audits"): [pa.Check.ge(0)],
+    ("audits", "verdict"): [pa.Check.isin(["failed", "unhealthy", "hazard", "faster", "slower",
+                                           "no significant change", "no patch", "not measured"])],
 }
 
 
@@ -286,6 +290,7 @@ ADDED_COLUMNS: tuple[tuple[str, str], ...] = (
     ("audits", "speedup_low"), ("audits", "speedup_high"), ("audits", "speedup_level"), ("audits", "speedup_pairs"),
     ("audits", "speedup_verdict"), ("audits", "calibrated_speedup_low"), ("audits", "calibrated_speedup_high"),
     ("audits", "calibrated_confidence"), ("audits", "calibration_audits"),
+    ("audits", "verdict"), ("audits", "healthy"), ("audits", "patch_offered"),
 )
 
 
