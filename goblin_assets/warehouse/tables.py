@@ -64,6 +64,10 @@ TABLES: dict[str, list[tuple[str, str, bool]]] = {
         ("speedup_pairs", "BIGINT", True), ("speedup_verdict", "VARCHAR", True),
         ("calibrated_speedup_low", "DOUBLE", True), ("calibrated_speedup_high", "DOUBLE", True),
         ("calibrated_confidence", "DOUBLE", True), ("calibration_audits", "BIGINT", True),
+        # the pairs' sign test beside the interval, and the measurement's time against its budget
+        ("speedup_pairs_faster", "BIGINT", True), ("speedup_pairs_slower", "BIGINT", True),
+        ("speedup_sign_test_p", "DOUBLE", True), ("speedup_budget_s", "DOUBLE", True),
+        ("speedup_elapsed_s", "DOUBLE", True),
     ],
     "runs": [
         ("run_id", "VARCHAR", False), ("audit_id", "VARCHAR", True), ("workload", "VARCHAR", False),
@@ -199,6 +203,11 @@ _CHECKS: dict[tuple[str, str], list[pa.Check]] = {
     ("audits", "speedup_level"): [pa.Check.in_range(0, 1, include_min=False, include_max=False)],
     ("audits", "speedup_pairs"): [pa.Check.ge(1)],
     ("audits", "calibration_audits"): [pa.Check.ge(0)],
+    ("audits", "speedup_pairs_faster"): [pa.Check.ge(0)],
+    ("audits", "speedup_pairs_slower"): [pa.Check.ge(0)],
+    ("audits", "speedup_sign_test_p"): [pa.Check.in_range(0, 1)],
+    ("audits", "speedup_budget_s"): [pa.Check.gt(0)],
+    ("audits", "speedup_elapsed_s"): [pa.Check.ge(0)],
 }
 
 
@@ -286,6 +295,8 @@ ADDED_COLUMNS: tuple[tuple[str, str], ...] = (
     ("audits", "speedup_low"), ("audits", "speedup_high"), ("audits", "speedup_level"), ("audits", "speedup_pairs"),
     ("audits", "speedup_verdict"), ("audits", "calibrated_speedup_low"), ("audits", "calibrated_speedup_high"),
     ("audits", "calibrated_confidence"), ("audits", "calibration_audits"),
+    ("audits", "speedup_pairs_faster"), ("audits", "speedup_pairs_slower"), ("audits", "speedup_sign_test_p"),
+    ("audits", "speedup_budget_s"), ("audits", "speedup_elapsed_s"),
 )
 
 
