@@ -28,6 +28,9 @@ def add_settings_options(p: argparse.ArgumentParser, bench: bool = True) -> None
         p.add_argument("--bench-budget", dest="bench_budget_s", type=float, default=None, metavar="SECONDS",
                        help="more alternating pairs are added until the speedup's interval decides or this "
                             f"wall-clock budget is spent (default {d['bench_budget_s'].default:g} s)")
+        p.add_argument("--no-cache", dest="bench_cache", action="store_const", const=False, default=None,
+                       help="measure the benchmark afresh instead of replaying cached results, and replace the "
+                            "cache entries (default: replay; GOBLIN_RUNNER_BENCH_CACHE=0 for the same)")
     p.add_argument("--timeout", dest="timeout_s", type=float, default=None,
                    help=f"wall-clock limit per child run, seconds (default {d['timeout_s'].default:g})")
     if bench:

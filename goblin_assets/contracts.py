@@ -277,9 +277,13 @@ class BenchmarkResult(BaseModel):
     min).  ``pair_id`` names the benchmark call that measured them: arms
     with the same ``pair_id`` ran in alternation, so repeat ``i`` of each
     forms pair ``i`` (None: measured alone).  ``stop_reason`` says why no
-    further repeat was added (measure/benchmark.py, adaptive repeats),
-    ``looks`` how many times that call checked the speedup's interval, and
-    ``elapsed_s`` the wall-clock seconds it spent measuring.
+    further repeat was added (measure/benchmark.py, planned looks),
+    ``looks`` how many times that call checked the speedup's interval,
+    ``elapsed_s`` the wall-clock seconds it spent measuring, ``budget_s``
+    the wall-clock budget it had (None: none) and ``measured_at`` when it
+    started (local time, ``YYYY-MM-DD HH:MM:SS``).  ``cache_hit``: this
+    result was replayed from the benchmark cache, not measured by the
+    call that returned it.
     """
 
     label: Literal["baseline", "patched"]
@@ -293,6 +297,8 @@ class BenchmarkResult(BaseModel):
     stop_reason: str = ""
     looks: int = 1
     elapsed_s: float | None = None
+    budget_s: float | None = None
+    measured_at: str | None = None
 
 
 # --------------------------------------------------------------------------- KB / patch

@@ -9,7 +9,8 @@ Variables (unset ones keep the defaults below): ``GOBLIN_RUNNER_KIND``
 (``local``, ``rocprof``, ``replay``), ``GOBLIN_RUNNER_DEVICE`` (``auto``,
 ``cpu``, ``cuda``), ``GOBLIN_RUNNER_WARMUP_STEPS``,
 ``GOBLIN_RUNNER_PROFILED_STEPS``, ``GOBLIN_RUNNER_BENCH_STEPS``,
-``GOBLIN_RUNNER_BENCH_REPEATS``, ``GOBLIN_RUNNER_BENCH_BUDGET_S``, ``GOBLIN_RUNNER_SKETCH_STEPS``,
+``GOBLIN_RUNNER_BENCH_REPEATS``, ``GOBLIN_RUNNER_BENCH_BUDGET_S``, ``GOBLIN_RUNNER_BENCH_CACHE``
+(``1``/``true`` or ``0``/``false``), ``GOBLIN_RUNNER_SKETCH_STEPS``,
 ``GOBLIN_RUNNER_TIMEOUT_S``, ``GOBLIN_RUNNER_MEM_CAP_GB``, ``GOBLIN_RUNNER_PYTHON``.
 """
 from __future__ import annotations
@@ -44,8 +45,10 @@ class AuditSettings(BaseModel):
     ``bench_repeats`` alternating repeats per arm (the minimum: more pairs
     are added while the speedup's interval is undecided and
     ``bench_budget_s``, wall-clock seconds of the whole benchmark stage, is
-    not spent; measure/benchmark.py), ``sketch_steps`` recorded by the matmul
-    tap.  ``timeout_s``: wall-clock limit per child run
+    not spent; measure/benchmark.py), ``bench_cache`` whether a benchmark
+    the cache can answer is replayed from it (False: measured afresh and the
+    cache entries replaced; ``goblin audit --no-cache``), ``sketch_steps``
+    recorded by the matmul tap.  ``timeout_s``: wall-clock limit per child run
     (seconds); ``mem_cap_gb``: the child's address-space cap (GB; None for
     none).  ``python``: the interpreter the user's script runs in (the user's
     own environment); None: the workload's ``python:``, else Goblin's own.
@@ -58,6 +61,7 @@ class AuditSettings(BaseModel):
     bench_steps: int = Field(20, ge=1)
     bench_repeats: int = Field(3, ge=1)
     bench_budget_s: float = Field(120.0, gt=0)
+    bench_cache: bool = True
     sketch_steps: int = Field(3, ge=1)
     timeout_s: float = Field(600.0, gt=0)
     mem_cap_gb: float | None = Field(16.0, gt=0)

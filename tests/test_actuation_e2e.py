@@ -159,7 +159,7 @@ def test_interval_marks_no_significant_change_on_a_synthetic_case():
     same = [0.97, 1.04, 1.00, 0.99, 1.01, 0.98]       # ratios straddle 1.0
     r = e2e_verdict(base, same)
     logs = np.log(np.array(base) / np.array(same))    # throughput ratio = baseline time / exploited time
-    level = per_look_level(CONFIDENCE_LEVEL, 1)        # the audit's first look: 97.0 % (benchmark.py docstring)
+    level = per_look_level(CONFIDENCE_LEVEL, 1)        # each of the audit's planned looks: 98.3 % (benchmark.py)
     half = t.ppf(0.5 + level / 2, len(logs) - 1) * logs.std(ddof=1) / math.sqrt(len(logs))
     assert r["point"] == pytest.approx(math.exp(logs.mean()))
     assert (r["low"], r["high"]) == pytest.approx((math.exp(logs.mean() - half), math.exp(logs.mean() + half)))

@@ -129,7 +129,7 @@ def test_write_report_writes_markdown_png_and_html(report, tmp_path):
     assert (tmp_path / "report.png").stat().st_size > 5000
     assert (tmp_path / "report.html").read_text().count("data:image/png;base64,") == 2
     text = md.read_text()
-    assert "Measured speedup: 1.93x (95% interval" in text and "real tokens/s" in text and "```diff" in text
+    assert "Measured speedup: faster: 1.93x (95% interval" in text and "real tokens/s" in text and "```diff" in text
     assert "How the rules were combined" in text
     assert render_markdown(report).endswith("Generated " + report.created_at + ".\n")
 
@@ -154,7 +154,7 @@ def test_a_noop_patch_reads_no_significant_change_everywhere(tmp_path):
     assert rep.measured_interval.low < 1.0 < rep.measured_interval.high
     md, page = render_markdown(rep), render_html(rep)
     for text in (md, page):
-        assert "Measured speedup: no significant change (1.02x, 95% interval" in text
+        assert "Measured speedup: no significant change: 1.02x (95% interval" in text
         assert not re.search(r"\d\.\d\dx faster", text)
     assert "Throughput: no significant change" not in md  # the chart title is in the PNG, not the text
 

@@ -21,7 +21,8 @@ RULE = "data.loader_workers_with_threads"
 def _bench(label: str, values: list[float], m) -> BenchmarkResult:
     return BenchmarkResult(label=label, metrics=m, throughputs=values, median=sorted(values)[len(values) // 2],
                            spread=max(values) - min(values), cache_key="k", pair_id="p", looks=2,
-                           stop_reason="undecided after 4 pairs: the time budget of 120 s is spent")
+                           stop_reason="undecided after 4 pairs: the time budget of 120 s has no room for another",
+                           budget_s=120.0, elapsed_s=100.0)
 
 
 def _session(tmp_path, patched: list[float], history=None, diff: str = "") -> AuditSession:
@@ -50,6 +51,10 @@ def test_a_noop_patch_reads_no_significant_change_in_json_report_and_row(goblin_
     row = validate("audits", s.rows("audit_report")["audits"]).iloc[0]
     assert row.speedup_verdict == "no significant change" and row.speedup_pairs == 4
     assert (row.speedup_low, row.speedup_high) == (pytest.approx(iv["low"]), pytest.approx(iv["high"]))
+    assert (row.speedup_pairs_faster, row.speedup_pairs_slower) == (iv["pairs_faster"], iv["pairs_slower"]) == (2, 2)
+    assert row.speedup_sign_test_p == iv["sign_test_p"] == 1.0
+    assert (row.speedup_budget_s, row.speedup_elapsed_s) == (120.0, 100.0)
+    assert "4 pairs in 100 s of a 120 s budget" in text.split("\n")[2]
     # no history: the model's prediction, stored as the model's
     assert out["predicted_speedup"] == out["predicted_speedup_model"] == [1.2, 1.4]
     assert out["calibration"]["audits"] == 0 and row.calibration_audits == 0

@@ -74,6 +74,7 @@ class RunnerResource(dg.ConfigurableResource, ABC):
     bench_steps: int = 20
     bench_repeats: int = 3
     bench_budget_s: float = 120.0
+    bench_cache: bool = True
     sketch_steps: int = 3
     timeout_s: float = 600.0
     mem_cap_gb: float | None = 16.0

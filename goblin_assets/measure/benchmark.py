@@ -4,7 +4,8 @@ No profiler on the timed steps.  Repeats alternate baseline and patched so
 that machine drift (other load, thermal, page cache) falls on both alike:
 repeat ``i`` of each arm forms pair ``i``.  The result per configuration is
 the median and the spread (max - min) of the repeats' throughputs; the
-comparison is :func:`speedup_interval` over the pairs.
+comparison is :func:`speedup_interval` over the pairs, worded in one line
+by :func:`verdict_line`.
 
 **The interval.**  The measured speedup is the geometric mean of the paired
 ratios ``patched_i / baseline_i`` (ratios are summarised by their geometric
@@ -15,45 +16,81 @@ t-test's interval; NIST/SEMATECH e-Handbook of Statistical Methods,
 "Confidence limits for the mean",
 https://www.itl.nist.gov/div898/handbook/eda/section3/eda352.htm), at
 :data:`CONFIDENCE_LEVEL`.  Why not a bootstrap: with the few pairs an audit
-can afford (2-10), the percentile bootstrap of a mean undercovers (Efron &
+can afford (2-12), the percentile bootstrap of a mean undercovers (Efron &
 Tibshirani, "An Introduction to the Bootstrap", 1993, ch. 13): with 3 pairs
 it has only 10 distinct resamples, and when all three ratios fall on the same
 side of 1.0 (probability 1/4 for a patch that changes nothing) its interval
-excludes 1.0.  The t interval widens with few pairs (t = 12.7 at 2 pairs,
-4.3 at 3) instead.  Arms not measured together (no shared ``pair_id``) are
-compared unpaired: Welch's interval on the difference of mean log
-throughputs (same handbook, "Two-sample t-test for equal means", eda353).
+excludes 1.0.  The t interval widens with few pairs instead.  Arms not
+measured together (no shared ``pair_id``) are compared unpaired: Welch's
+interval on the difference of mean log throughputs (same handbook,
+"Two-sample t-test for equal means", eda353).
 
-**Adaptive repeats.**  After the minimum ``repeats`` pairs (and at least
-two), the interval is checked after every pair (a *look*); a pair is added
-while the interval is undecided (it contains 1.0 and its relative width
-``high / low - 1`` is at least :data:`DECISIVE_WIDTH`) and the next pair,
-at the mean pair time so far, fits in ``budget_s`` wall-clock seconds; at
-most :data:`MAX_PAIRS`.  Each result says why it stopped (``stop_reason``)
-and after how many looks (``looks``).  Stopping as soon as an interval
-excludes 1.0 would, over many looks, make a patch that changes nothing
-look "significant" far more often than 5 %; so the interval at look ``k``
-is taken at level ``1 - alpha_k`` with ``alpha_k = alpha 6 / (pi^2 k^2)``
-(``alpha = 1 - CONFIDENCE_LEVEL``; the ``alpha_k`` sum to ``alpha``).  By
-the union bound, every look's interval holds together with probability at
-least :data:`CONFIDENCE_LEVEL`, however many pairs were added: a
-confidence sequence (Darling & Robbins, "Confidence sequences for mean,
-variance, and median", PNAS 58(1), 1967; Howard, Ramdas, McAuliffe &
-Sekhon, "Time-uniform, nonparametric, nonasymptotic confidence sequences",
-Ann. Statist. 49(2), 2021).  The first look is at level 97.0 %, the second
-at 99.2 %.
+**The sign test beside it.**  Each pair also votes: the patched repeat was
+faster or slower than its original (an exactly equal pair is a tie and
+votes neither way).  :func:`sign_test` is the exact two-sided binomial test
+of those votes against a fair coin (Conover, "Practical Nonparametric
+Statistics", 3rd ed., Wiley 1999, section 3.4, "The sign test"): it ignores
+how much faster, so one wild pair cannot move it, where one wild pair can
+widen the t interval a lot.  It cannot reach 5 % below 6 pairs (6 of 6 gives
+p = 2/64 = 0.031).  **The verdict is the t interval's** (``faster``: its low
+end is above 1.0; ``slower``: its high end is below 1.0; ``no significant
+change``: it contains 1.0; ``no interval``: one pair); the sign test never
+changes it, and is computed once on the pairs measured, not at every look.
+When the two disagree the one-line verdict says so in words
+(:func:`verdict_line`): an interval that contains 1.0 beside a sign test
+below 5 % reads ``no significant change by the interval, but 6 of 6 pairs
+faster (sign test p=0.03)``, never a flat "no significant change".
+
+**Planned looks.**  The interval is checked (a *look*) only at the
+:data:`PLANNED_LOOKS` pair counts of :func:`look_schedule`: the minimum
+``repeats`` (at least 3), then twice and four times as many (3, 6 and 12
+pairs for the default 3 repeats), and once more at the pairs measured when
+the time budget stops the measurement between two planned looks (that look
+takes the place of the next planned one, so there are never more than
+:data:`PLANNED_LOOKS`).  Stopping as soon as an interval excludes 1.0 would,
+over many looks, make a patch that changes nothing look "significant" far
+more often than 5 %; so every look's interval is at level
+``1 - alpha / PLANNED_LOOKS`` (``alpha = 1 - CONFIDENCE_LEVEL``: 98.3 % for
+a 95 % overall level), and by the union bound (Bonferroni; Dunn, "Multiple
+comparisons among means", JASA 56(293), 1961) all looks together hold at
+:data:`CONFIDENCE_LEVEL`.  A fixed, small number of looks is the
+group-sequential design of clinical trials (Pocock, "Group sequential
+methods in the design and analysis of clinical trials", Biometrika 64(2),
+1977; Jennison & Turnbull, "Group Sequential Methods with Applications to
+Clinical Trials", 2000, ch. 2): Pocock's boundary for 3 looks spends 2.2 %
+per look under normality with known variance; the Bonferroni split spends
+1.67 % and needs neither assumption.  Goblin used a confidence sequence
+before (a look after every pair, ``alpha_k = 6 alpha / (pi^2 k^2)``): its
+fourth look, at 6 pairs, was at 99.8 % (t = 5.96 where the split's is 3.53),
+so 6 of 6 clearly faster pairs could read "no significant change".  At a
+look, the measurement stops when the interval decides (it excludes 1.0, or
+its relative width ``high / low - 1`` is below :data:`DECISIVE_WIDTH`).  The
+look times depend on the pair count and the budget, never on the ratios.
+
+**The time budget.**  ``budget_s`` bounds the whole measurement: after the
+minimum ``repeats`` pairs, a pair is started only when the seconds spent so
+far plus one pair's estimated time (the mean pair time so far) fit in it,
+so the budget is overrun by at most the amount one pair takes longer than
+its estimate.  The minimum pairs always run; when even they do not fit, the
+result says so (``stop_reason``; ``elapsed_s`` above ``budget_s``).  Each
+result says why it stopped (``stop_reason``), after how many looks
+(``looks``) and in how many seconds of which budget (``elapsed_s``,
+``budget_s``).
 
 **Cache.**  Results are cached per arm by sha256 of (canonical config JSON
 with the step count and environment changes, workload script hash, image
 tag, runner code hash) (DESIGN.md "Decisions"), one entry per key and arm
 label (a no-op patch's arms share a key but are two measurements); the
 repeat count is not in the key.  An entry holds every repeat measured (the minimum and the adaptive
-ones) and the ``pair_id`` of the call that measured it.  A request is
-replayed from the cache when every arm has an entry with at least
-``repeats`` repeats and, for two arms, both entries share one ``pair_id``
-(measured together, so still paired).  Otherwise every arm is measured
-again, in alternation, and the entries are replaced: a cached arm is never
-compared with one measured at another time.
+ones), the ``pair_id`` of the call that measured it and when
+(``measured_at``).  A request is replayed from the cache when every arm has
+an entry with at least ``repeats`` repeats and, for two arms, both entries
+share one ``pair_id`` (measured together, so still paired); every replayed
+arm is logged as replayed, with when it was measured, and carries
+``cache_hit``.  Otherwise, or with ``use_cache=False`` (``goblin audit
+--no-cache``, ``GOBLIN_RUNNER_BENCH_CACHE=0``), every arm is measured again,
+in alternation, and the entries are replaced: a cached arm is never compared
+with one measured at another time.
 """
 from __future__ import annotations
 
@@ -123,7 +160,7 @@ def _cache_file(key: str, label: str) -> Path:
     return d / f"{key}.{label}.json"
 
 
-#: Two-sided confidence level of the measured speedup's interval.
+#: Two-sided confidence level of the measured speedup's interval, over all its looks together.
 CONFIDENCE_LEVEL = 0.95
 
 #: An interval whose relative width ``high / low - 1`` is below this decides the comparison even when it
@@ -132,24 +169,41 @@ CONFIDENCE_LEVEL = 0.95
 #: wrong!", ASPLOS 2009), so more repeats would not make the answer more useful.
 DECISIVE_WIDTH = 0.05
 
-#: The most alternating pairs adaptive repeats run (a bound on the loop whatever the budget).
+#: How many times the interval may be checked; each look is at ``1 - (1 - CONFIDENCE_LEVEL) / PLANNED_LOOKS``
+#: (the Bonferroni split; module docstring, "Planned looks").
+PLANNED_LOOKS = 3
+
+#: The fewest pairs of the first planned look: at 2 pairs Student's t has one degree of freedom (t = 38 at
+#: 98.3 %), so a look there spends a third of the error rate on an interval that almost never decides.
+FIRST_LOOK_PAIRS = 3
+
+#: The most alternating pairs one measurement runs, whatever the repeats (a bound on the loop).
 MAX_PAIRS = 30
 
 Verdict = Literal["faster", "slower", "no significant change", "no interval"]
 
 
 class SpeedupInterval(BaseModel):
-    """The measured speedup (patched / original throughput) with its confidence interval.
+    """The measured speedup (patched / original throughput) with its confidence interval and its sign test.
 
     ``point``: the geometric mean of the paired ratios (unpaired: the ratio
     of the arms' geometric-mean throughputs); ``low``/``high``: the interval
     (None with fewer than two pairs), which holds at ``level`` over all
-    ``looks`` taken (each look's interval is at ``per_look_level``; module
-    docstring, "Adaptive repeats"); ``pairs``: paired ratios (unpaired: the
-    smaller arm's repeat count); ``method``: how it was computed, in words;
-    ``verdict``: ``faster`` (``low > 1``), ``slower`` (``high < 1``), ``no
-    significant change`` (the interval contains 1.0) or ``no interval`` (one
-    pair).  See the module docstring for the sources.
+    ``looks`` taken of at most ``planned_looks`` (each look's interval is at
+    ``per_look_level``; module docstring, "Planned looks"); ``pairs``:
+    paired ratios (unpaired: the smaller arm's repeat count); ``method``:
+    how it was computed, in words; ``verdict``: the interval's reading,
+    ``faster`` (``low > 1``), ``slower`` (``high < 1``), ``no significant
+    change`` (the interval contains 1.0) or ``no interval`` (one pair).
+
+    ``pairs_faster``/``pairs_slower``: pairs whose patched repeat was
+    faster/slower than its original (the rest tied); ``sign_test_p``: the
+    exact two-sided sign test of those counts (:func:`sign_test`); all three
+    None when unpaired.  ``budget_s``/``elapsed_s``: the measurement's
+    wall-clock budget and the seconds it took (None: not known, e.g. an
+    interval computed from bare throughputs); ``cache_hit``: the pairs were
+    replayed from the benchmark cache, not measured by this audit.  See the
+    module docstring for the sources.
     """
 
     point: float
@@ -162,6 +216,13 @@ class SpeedupInterval(BaseModel):
     paired: bool
     method: str
     verdict: Verdict
+    planned_looks: int = PLANNED_LOOKS
+    pairs_faster: int | None = None
+    pairs_slower: int | None = None
+    sign_test_p: float | None = None
+    budget_s: float | None = None
+    elapsed_s: float | None = None
+    cache_hit: bool = False
 
     @property
     def significant(self) -> bool:
@@ -178,20 +239,96 @@ class SpeedupInterval(BaseModel):
         """True when more repeats are not needed: significant, or narrower than :data:`DECISIVE_WIDTH`."""
         return self.significant or (self.width is not None and self.width < DECISIVE_WIDTH)
 
+    @property
+    def sign_test_direction(self) -> Literal["faster", "slower"] | None:
+        """``faster``/``slower`` when the sign test alone is significant (p below ``1 - level``), else None.
+
+        None when unpaired (no sign test).  The verdict stays the interval's
+        (module docstring, "The sign test beside it").
+        """
+        if self.sign_test_p is None or self.sign_test_p >= 1.0 - self.level:
+            return None
+        return "faster" if (self.pairs_faster or 0) > (self.pairs_slower or 0) else "slower"
+
     def headline(self) -> str:
-        """The speedup as the report states it, e.g. ``1.55x (95% interval 1.42x-1.69x, 5 alternating pairs)``.
+        """The speedup in short, e.g. ``1.55x (95% interval 1.42x–1.69x, 5 alternating pairs)``.
 
         A speedup whose interval contains 1.0 reads ``no significant change``
         first (never ``1.04x faster``); one whose interval lies below 1.0
-        reads ``0.80x, slower (...)``.
+        reads ``0.80x, slower (...)``.  The line a person reads in the report
+        and the terminal is :func:`verdict_line`.
         """
         how = f"{self.pairs} alternating pairs" if self.paired else f"{self.pairs} unpaired repeats per arm"
         if self.low is None or self.high is None:
             return f"{self.point:.2f}x (no interval: {how}; an interval needs two)"
-        iv = f"{self.level:.0%} interval {self.low:.2f}x–{self.high:.2f}x, {how}"
+        iv = f"{_interval_text(self)}, {how}"
         if self.verdict == "no significant change":
             return f"no significant change ({self.point:.2f}x, {iv})"
         return f"{self.point:.2f}x{', slower' if self.verdict == 'slower' else ''} ({iv})"
+
+
+def _interval_text(iv: SpeedupInterval) -> str:
+    return f"{iv.level:.0%} interval {iv.low:.2f}x–{iv.high:.2f}x"
+
+
+def _secs(x: float) -> str:
+    """Seconds as the lines print them: whole seconds from 10 s, one decimal below."""
+    return f"{x:.0f}" if x >= 10 else f"{x:.1f}"
+
+
+def _p_text(p: float) -> str:
+    """A p-value as the line prints it: two decimals, then one significant digit, below 0.001 a bound."""
+    return f"p={p:.2f}" if p >= 0.01 else f"p={p:.1g}" if p >= 0.001 else "p<0.001"
+
+
+def _votes(iv: SpeedupInterval, way: str) -> str:
+    """``6 of 6 pairs faster`` (with the ties, when any)."""
+    k = iv.pairs_faster if way == "faster" else iv.pairs_slower
+    ties = iv.pairs - (iv.pairs_faster or 0) - (iv.pairs_slower or 0)
+    return f"{k} of {iv.pairs} pair{'s' if iv.pairs != 1 else ''} {way}" + (f", {ties} tied" if ties else "")
+
+
+def verdict_line(iv: SpeedupInterval) -> str:
+    """The measured speedup in one line a person can check against the pairs' table.
+
+    ``<verdict>: <point>x (<level> interval <low>x–<high>x; <k> of <n> pairs
+    faster, sign test p=<p>; <n> pairs in <elapsed> s of a <budget> s
+    budget)``, e.g. ``faster: 1.39x (95% interval 1.01x–1.90x; 6 of 6 pairs
+    faster, sign test p=0.03; 6 pairs in 48 s of a 60 s budget)``.  The
+    line starts with the verdict string (``faster``, ``slower``, ``no
+    significant change``, ``no interval``); the pairs are counted in the
+    direction of the point estimate.  When the sign test alone is
+    significant and points elsewhere than the interval's verdict, the lead
+    says so in words (``no significant change by the interval, but 6 of 6
+    pairs faster (sign test p=0.03)``; module docstring, "The sign test
+    beside it").  Unpaired arms have no sign test and no pairs' time; a
+    measurement over its budget reads ``over the 120 s budget``; replayed
+    pairs read ``replayed from the cache``.
+    """
+    parts = [_interval_text(iv) if iv.low is not None and iv.high is not None else
+             f"an interval needs two {'pairs' if iv.paired else 'repeats per arm'}"]
+    lead = iv.verdict
+    if iv.paired and iv.sign_test_p is not None:
+        way = "faster" if iv.point >= 1.0 else "slower"
+        sign = iv.sign_test_direction
+        if sign is not None and sign != iv.verdict:
+            by = "" if iv.verdict == "no interval" else " by the interval"
+            lead = (f"{iv.verdict}{by}, but {_votes(iv, sign)} (sign test {_p_text(iv.sign_test_p)})")
+        else:
+            parts.append(f"{_votes(iv, way)}, sign test {_p_text(iv.sign_test_p)}")
+        when = []
+        if iv.elapsed_s is not None:
+            when.append(f"{iv.pairs} pair{'s' if iv.pairs != 1 else ''} in {_secs(iv.elapsed_s)} s")
+            if iv.budget_s is not None:
+                when[0] += f" of a {iv.budget_s:g} s budget" if iv.elapsed_s <= iv.budget_s else \
+                    f", over the {iv.budget_s:g} s budget"
+        if iv.cache_hit:
+            when.append("replayed from the cache")
+        if when:
+            parts.append(", ".join(when))
+    else:
+        parts.append(f"{iv.pairs} unpaired repeats per arm, not measured together: no sign test")
+    return f"{lead}: {iv.point:.2f}x ({'; '.join(parts)})"
 
 
 def _t(level: float, df: float) -> float:
@@ -200,15 +337,48 @@ def _t(level: float, df: float) -> float:
     return float(t.ppf(0.5 + level / 2.0, df))
 
 
-def per_look_level(level: float, look: int) -> float:
-    """The level of the interval at look ``look`` (from 1) so that all looks hold together at ``level``.
+def per_look_level(level: float, look: int, planned: int = PLANNED_LOOKS) -> float:
+    """The level of the interval at look ``look`` (from 1) so that all ``planned`` looks hold together at ``level``.
 
-    ``1 - (1 - level) 6 / (pi^2 look^2)``: the union bound over looks (module
-    docstring, "Adaptive repeats").  Raises ValueError for ``look < 1``.
+    ``1 - (1 - level) / planned`` at every look: the Bonferroni split over
+    the planned looks (module docstring, "Planned looks"); 98.3 % for 95 %
+    over 3 looks.  Raises ValueError unless ``1 <= look <= planned``.
     """
-    if look < 1:
-        raise ValueError(f"per_look_level: looks count from 1, got {look}")
-    return 1.0 - (1.0 - level) * 6.0 / (math.pi ** 2 * look ** 2)
+    if not 1 <= look <= planned:
+        raise ValueError(f"per_look_level: look {look} is not one of the {planned} planned looks (from 1)")
+    return 1.0 - (1.0 - level) / planned
+
+
+def look_schedule(repeats: int) -> tuple[int, ...]:
+    """The pair counts at which the interval is checked: ``repeats`` (at least :data:`FIRST_LOOK_PAIRS`),
+    twice and four times as many, capped at :data:`MAX_PAIRS` (``(3, 6, 12)`` for 3 repeats).
+
+    At most :data:`PLANNED_LOOKS` counts, increasing; the last is the most
+    pairs a measurement runs.  Raises ValueError for ``repeats < 1``.
+    """
+    if repeats < 1:
+        raise ValueError(f"look_schedule: repeats must be >= 1, got {repeats}")
+    first = max(repeats, FIRST_LOOK_PAIRS)
+    return tuple(sorted({max(first, min(first * 2 ** k, MAX_PAIRS)) for k in range(PLANNED_LOOKS)}))
+
+
+def sign_test(baseline: Sequence[float], patched: Sequence[float]) -> tuple[int, int, float]:
+    """The exact two-sided sign test of paired throughputs (pure).
+
+    Returns ``(faster, slower, p)``: the pairs whose patched value is
+    greater / smaller than its baseline (equal pairs are ties and count in
+    neither), and ``p = min(1, 2 P(X <= min(faster, slower)))`` with
+    ``X ~ Binomial(faster + slower, 1/2)`` (Conover, "Practical
+    Nonparametric Statistics", 3rd ed. 1999, section 3.4); 1.0 with no
+    untied pair.  Raises ValueError when the sequences differ in length.
+    """
+    if len(baseline) != len(patched):
+        raise ValueError(f"sign_test: {len(baseline)} baseline and {len(patched)} patched values are not pairs")
+    faster = sum(p > b for b, p in zip(baseline, patched))
+    slower = sum(p < b for b, p in zip(baseline, patched))
+    n, k = faster + slower, min(faster, slower)
+    p = min(1.0, 2.0 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n) if n else 1.0
+    return faster, slower, p
 
 
 def _verdict(low: float | None, high: float | None) -> Verdict:
@@ -218,8 +388,9 @@ def _verdict(low: float | None, high: float | None) -> Verdict:
 
 
 def speedup_interval(baseline: Sequence[float], patched: Sequence[float], paired: bool = True,
-                     level: float = CONFIDENCE_LEVEL, looks: int = 1) -> SpeedupInterval:
-    """The speedup ``patched / baseline`` and its interval from repeated throughputs (pure).
+                     level: float = CONFIDENCE_LEVEL, looks: int = 1,
+                     planned_looks: int = PLANNED_LOOKS) -> SpeedupInterval:
+    """The speedup ``patched / baseline``, its interval and (paired) its sign test from repeated throughputs (pure).
 
     Parameters
     ----------
@@ -229,39 +400,47 @@ def speedup_interval(baseline: Sequence[float], patched: Sequence[float], paired
     paired : bool
         Repeat ``i`` of both arms ran back to back (alternating repeats):
         Student's t interval on the mean paired log-ratio, ``n - 1`` degrees
-        of freedom.  Requires equal lengths; otherwise (or when False) Welch's
-        interval on the difference of mean log throughputs, with
-        Welch-Satterthwaite degrees of freedom.
+        of freedom, and :func:`sign_test` of the pairs.  Requires equal
+        lengths; otherwise (or when False) Welch's interval on the
+        difference of mean log throughputs, with Welch-Satterthwaite degrees
+        of freedom, and no sign test.
     level : float
         Two-sided confidence level of all looks together (default
         :data:`CONFIDENCE_LEVEL`).
-    looks : int
-        How many times the interval has been checked so far, this time
-        included (adaptive repeats); the interval is at
-        :func:`per_look_level` of ``level`` and ``looks``.
+    looks, planned_looks : int
+        This look's number (from 1) and how many were planned (default
+        :data:`PLANNED_LOOKS`, the benchmark's); the interval is at
+        :func:`per_look_level`, the same at every look.
 
     Returns
     -------
     SpeedupInterval
         ``low``/``high`` are None with fewer than two repeats (paired: pairs;
-        unpaired: in either arm).  Identical ratios give a zero-width interval.
+        unpaired: in either arm).  Identical ratios give a zero-width
+        interval.  ``budget_s``/``elapsed_s`` are None (see
+        :func:`bench_interval`).
 
     Raises
     ------
     ValueError
-        An empty arm, a throughput that is not > 0, or ``looks < 1``.
+        An empty arm, a throughput that is not finite and > 0, or a look
+        outside ``1..planned_looks``.
     """
     b, p = [float(x) for x in baseline], [float(x) for x in patched]
-    each = per_look_level(level, looks)
+    each = per_look_level(level, looks, planned_looks)
     if not b or not p or min(b + p) <= 0 or not all(math.isfinite(x) for x in b + p):
         raise ValueError(f"speedup_interval: throughputs must be finite and > 0 (baseline {b}, patched {p})")
     lb, lp = [math.log(x) for x in b], [math.log(x) for x in p]
+    votes: dict[str, Any] = {}
     if paired and len(b) == len(p):
         d = [y - x for x, y in zip(lb, lp)]
         n, mean = len(d), statistics.fmean(d)
         method = (f"geometric mean of {n} paired ratios (patched/original, alternating repeats); Student's t "
                   f"interval on the mean log-ratio")
         half = _t(each, n - 1) * statistics.stdev(d) / math.sqrt(n) if n >= 2 else None
+        faster, slower, sp = sign_test(b, p)
+        votes = {"pairs_faster": faster, "pairs_slower": slower, "sign_test_p": sp}
+        method += "; beside it the exact two-sided sign test of the pairs faster vs slower"
     else:
         n, mean = min(len(b), len(p)), statistics.fmean(lp) - statistics.fmean(lb)
         method = (f"ratio of geometric-mean throughputs ({len(b)} original, {len(p)} patched repeats, not "
@@ -275,10 +454,11 @@ def speedup_interval(baseline: Sequence[float], patched: Sequence[float], paired
         paired = False
     low = math.exp(mean - half) if half is not None else None
     high = math.exp(mean + half) if half is not None else None
-    method += (f" at {each:.1%} (look {looks}: every look together holds at {level:.0%})" if looks > 1 else
-               f" at {each:.1%} (the first look: every look adaptive repeats may add holds together at {level:.0%})")
+    method += (f"; the interval at {each:.1%}, look {looks} of at most {planned_looks} planned (Bonferroni: "
+               f"every look together holds at {level:.0%})")
     return SpeedupInterval(point=math.exp(mean), low=low, high=high, level=level, looks=looks, per_look_level=each,
-                           pairs=n, paired=paired, method=method, verdict=_verdict(low, high))
+                           planned_looks=planned_looks, pairs=n, paired=paired, method=method,
+                           verdict=_verdict(low, high), **votes)
 
 
 def bench_interval(bench: dict[str, BenchmarkResult], level: float = CONFIDENCE_LEVEL) -> SpeedupInterval:
@@ -286,7 +466,10 @@ def bench_interval(bench: dict[str, BenchmarkResult], level: float = CONFIDENCE_
 
     Paired when both share a ``pair_id`` (measured in alternation by one
     :func:`benchmark` call) and hold as many repeats, at the number of looks
-    that call took (``BenchmarkResult.looks``); else unpaired, one look.
+    that call took (``BenchmarkResult.looks``; a result that took more than
+    :data:`PLANNED_LOOKS`, measured before the looks were planned, is split
+    over the looks it took), with the call's
+    ``budget_s``, ``elapsed_s`` and ``cache_hit``; else unpaired, one look.
 
     Raises
     ------
@@ -297,16 +480,21 @@ def bench_interval(bench: dict[str, BenchmarkResult], level: float = CONFIDENCE_
     """
     b, p = bench["baseline"], bench["patched"]
     paired = b.pair_id is not None and b.pair_id == p.pair_id and len(b.throughputs) == len(p.throughputs)
-    return speedup_interval(b.throughputs, p.throughputs, paired=paired, level=level,
-                            looks=max(1, b.looks) if paired else 1)
+    looks = max(1, b.looks) if paired else 1
+    iv = speedup_interval(b.throughputs, p.throughputs, paired=paired, level=level, looks=looks,
+                          planned_looks=max(PLANNED_LOOKS, looks))  # a result from before the planned looks
+    if not paired:
+        return iv
+    return iv.model_copy(update={"budget_s": b.budget_s, "elapsed_s": b.elapsed_s,
+                                 "cache_hit": b.cache_hit or p.cache_hit})
 
 
-def _summarise(label: str, runs: list[RunMetrics], key: str, hit: bool, pair_id: str | None = None,
-               stop_reason: str = "", elapsed_s: float | None = None, looks: int = 1) -> BenchmarkResult:
+def _summarise(label: str, runs: list[RunMetrics], key: str, **call: Any) -> BenchmarkResult:
+    """One arm's result; ``call``: what the measuring call shares (``pair_id``, ``stop_reason``, ``elapsed_s``,
+    ``budget_s``, ``looks``, ``measured_at``)."""
     tps = [r.throughput for r in runs if r.throughput]
     return BenchmarkResult(label=label, metrics=runs[len(runs) // 2], throughputs=tps, median=statistics.median(tps),
-                           spread=max(tps) - min(tps), cache_key=key, cache_hit=hit, pair_id=pair_id,
-                           stop_reason=stop_reason, elapsed_s=elapsed_s, looks=looks)
+                           spread=max(tps) - min(tps), cache_key=key, cache_hit=False, **call)
 
 
 def _replayed(arms: dict[str, dict[str, Any]], keys: dict[str, str], repeats: int,
@@ -328,33 +516,40 @@ def _replayed(arms: dict[str, dict[str, Any]], keys: dict[str, str], repeats: in
     return out
 
 
-def _stop_reason(interval: SpeedupInterval | None, comparable: bool, pairs: int, repeats: int, elapsed: float,
-                 budget_s: float | None) -> str | None:
-    """Why no pair is added now (None: add one).
-
-    ``comparable``: both arms run and counted throughput; ``interval``: this
-    look's (None before the first look).
-    """
-    if not comparable:
-        return None if pairs < repeats else f"{repeats} repeat(s): no two throughputs to compare"
-    if pairs < max(repeats, 2) or interval is None:
-        return None
-    if interval.significant:
+def _decision(interval: SpeedupInterval | None, pairs: int) -> str | None:
+    """Why the interval of a look at ``pairs`` pairs ends the measurement (None: it does not decide)."""
+    if interval is not None and interval.significant:
         return f"decided after {pairs} pairs: the {interval.level:.0%} interval excludes 1.0"
-    if interval.decided:
+    if interval is not None and interval.decided:
         return (f"decided after {pairs} pairs: the {interval.level:.0%} interval is narrower than "
                 f"{DECISIVE_WIDTH:.0%}")
-    if pairs >= MAX_PAIRS:
-        return f"undecided after {pairs} pairs: at most {MAX_PAIRS} pairs run"
-    if budget_s is not None and elapsed + elapsed / pairs > budget_s:
-        return (f"undecided after {pairs} pairs: the time budget of {budget_s:g} s is spent "
-                f"({elapsed:.0f} s measuring; another pair takes about {elapsed / pairs:.0f} s)")
+    return None
+
+
+def _limit(pairs: int, repeats: int, elapsed: float, budget_s: float | None, last_look: int) -> str | None:
+    """Why no pair may be added after ``pairs`` pairs whatever the interval (None: one may).
+
+    ``last_look``: the pair count of the last planned look
+    (:func:`look_schedule`); ``elapsed``: seconds measured so far.  The
+    minimum ``repeats`` pairs always run (module docstring, "The time budget").
+    """
+    if pairs < repeats:
+        return None
+    if pairs >= last_look:
+        return f"the last of the planned looks ({PLANNED_LOOKS} at most)"
+    if budget_s is None:
+        return None
+    if pairs == repeats and elapsed > budget_s:
+        return f"the minimum of {repeats} pairs took {_secs(elapsed)} s, over the time budget of {budget_s:g} s"
+    if elapsed + elapsed / pairs > budget_s:
+        return (f"the time budget of {budget_s:g} s has no room for another pair ({_secs(elapsed)} s measured; "
+                f"a pair takes about {_secs(elapsed / pairs)} s)")
     return None
 
 
 def benchmark(workload: Workload, runner: Runner, arms: dict[str, dict[str, Any]], steps: int = 20,
               repeats: int = 3, warmup: int = 2, use_cache: bool = True, budget_s: float | None = None,
-              log=print) -> dict[str, BenchmarkResult]:
+              log=print, clock=time.monotonic) -> dict[str, BenchmarkResult]:
     """Benchmark each arm (``label -> {"config", "script", "env", "unset_env"}``), alternating repeats.
 
     Parameters
@@ -367,44 +562,67 @@ def benchmark(workload: Workload, runner: Runner, arms: dict[str, dict[str, Any]
     steps, warmup:
         Timed optimizer steps per repeat, and unmeasured ones before them.
     repeats:
-        The minimum repeats per arm.  With both arms, pairs are added while
-        :func:`bench_interval` is undecided and ``budget_s`` allows (module
-        docstring, "Adaptive repeats"); a single arm runs ``repeats`` times.
+        The minimum repeats per arm (>= 1).  With both arms, pairs are added
+        up to the planned looks of :func:`look_schedule` while the interval
+        is undecided and ``budget_s`` allows (module docstring, "Planned
+        looks"); a single arm runs ``repeats`` times.
     use_cache:
-        Replay a request the cache can answer (module docstring, "Cache").
+        Replay a request the cache can answer (module docstring, "Cache");
+        False measures afresh and replaces the entries.  Every replayed arm
+        is logged as such.
     budget_s:
-        Wall-clock seconds for the whole measurement (None: no limit but
-        :data:`MAX_PAIRS`).  The minimum repeats and a second pair always run.
+        Wall-clock seconds for the whole measurement (None: no limit but the
+        last planned look).  A pair is started only when it fits, at the
+        mean pair time so far; the minimum ``repeats`` pairs always run
+        (module docstring, "The time budget").
+    log:
+        Called with each progress line (str).
+    clock:
+        Seconds, monotonic (default :func:`time.monotonic`; tests pass a
+        fake one).
 
     Returns
     -------
     dict
         ``label -> BenchmarkResult`` (throughput in the workload's unit per
         second), in the order of ``arms``; every arm carries the call's
-        ``pair_id``, ``stop_reason`` and ``elapsed_s``.
+        ``pair_id``, ``stop_reason``, ``looks``, ``elapsed_s``, ``budget_s``
+        and ``measured_at``; ``cache_hit`` when replayed.
 
     Raises
     ------
     RunFailed
         Any repeat failed (message names the script and the reason).
+    ValueError
+        ``repeats < 1``.
     """
     python = getattr(runner, "python", None)
     keys = {lab: cache_key(a["config"], a["script"], steps=steps,
                            env={**a.get("env", {}), **{k: None for k in a.get("unset_env", [])}},
                            python=None if python == sys.executable else python)
             for lab, a in arms.items()}
+    compare = {"baseline", "patched"} <= set(arms)
+    schedule = look_schedule(repeats)
     replay = _replayed(arms, keys, repeats, use_cache)
     if replay is not None:
-        for lab in arms:
-            log(f"benchmark {lab}: cache hit ({keys[lab][:12]}, {len(replay[lab].throughputs)} repeats)")
+        for lab, r in replay.items():
+            log(f"benchmark {lab}: replayed from the cache, not measured now ({len(r.throughputs)} repeats measured "
+                f"{r.measured_at or 'earlier'}, entry {keys[lab][:12]}; --no-cache or GOBLIN_RUNNER_BENCH_CACHE=0 "
+                f"measures afresh)")
+        if compare:
+            log(f"benchmark: {verdict_line(bench_interval(replay))}")
         return replay
-    if use_cache and any(_cache_file(keys[lab], lab).is_file() for lab in arms):
+    cached = [lab for lab in arms if _cache_file(keys[lab], lab).is_file()]
+    if cached and use_cache:
         log("benchmark: cached results not replayed (fewer repeats, or the arms were not measured together): "
             "measuring every arm again, alternating")
-    pair_id, t0 = uuid.uuid4().hex[:12], time.monotonic()
+    elif cached:
+        log(f"benchmark: cache off: measuring afresh; the cached entries of {', '.join(cached)} are replaced")
+    pair_id, t0, measured_at = uuid.uuid4().hex[:12], clock(), time.strftime("%Y-%m-%d %H:%M:%S")
     runs: dict[str, list[RunMetrics]] = {lab: [] for lab in arms}
-    compare = {"baseline", "patched"} <= set(arms)
-    rep, looks, reason = 0, 0, None
+    rep, looks, looked_at, reason, comparable = 0, 0, 0, None, False
+    tb: list[float] = []
+    tp: list[float] = []
     while reason is None:
         for lab, a in arms.items():
             raw = runner.run(workload, "benchmark", steps=steps, warmup=warmup, script=Path(a["script"]),
@@ -416,19 +634,31 @@ def benchmark(workload: Workload, runner: Runner, arms: dict[str, dict[str, Any]
             log(f"benchmark {lab} repeat {rep + 1}: {m.throughput:.1f} {workload.unit}/s")
         rep += 1
         interval = None
-        tb, tp = ([m.throughput for m in runs[lab]] for lab in ("baseline", "patched")) if compare else ([], [])
+        if compare:
+            tb, tp = ([m.throughput for m in runs[lab]] for lab in ("baseline", "patched"))
         comparable = compare and all(tb) and all(tp)  # a run that counted no batches has no throughput
-        if comparable and rep >= max(repeats, 2):  # a look
-            looks += 1
+        if comparable and rep in schedule:  # a planned look
+            looks, looked_at = looks + 1, rep
             interval = speedup_interval(tb, tp, looks=looks)
-            log(f"benchmark: speedup {interval.headline()}")
-        reason = _stop_reason(interval, comparable, rep, repeats, time.monotonic() - t0, budget_s)
-    elapsed = time.monotonic() - t0
-    log(f"benchmark: {reason} ({elapsed:.0f} s)")
+            log(f"benchmark: look {looks} at {rep} pairs: {verdict_line(interval)}")
+        if not comparable:
+            reason = None if rep < repeats else f"{repeats} repeat(s): no two throughputs to compare"
+        elif (decided := _decision(interval, rep)) is not None:
+            reason = decided
+        elif (limit := _limit(rep, repeats, clock() - t0, budget_s, schedule[-1])) is not None:
+            reason = f"undecided after {rep} pairs: {limit}"
+            if rep >= 2 and looked_at != rep:  # stopped between planned looks: the next look is taken here
+                looks += 1
+                last = speedup_interval(tb, tp, looks=looks)
+                log(f"benchmark: look {looks} at {rep} pairs (no room for more): {verdict_line(last)}")
+                if (decided := _decision(last, rep)) is not None:
+                    reason = f"{decided} (at the look taken early: {limit})"
+    elapsed = clock() - t0
+    log(f"benchmark: {reason} ({_secs(elapsed)} s" + (f" of a {budget_s:g} s budget)" if budget_s else ")"))
     out = {}
     for lab in arms:
-        res = _summarise(lab, runs[lab], keys[lab], hit=False, pair_id=pair_id, stop_reason=reason,
-                         elapsed_s=elapsed, looks=max(looks, 1))
+        res = _summarise(lab, runs[lab], keys[lab], pair_id=pair_id, stop_reason=reason, elapsed_s=elapsed,
+                         budget_s=budget_s, looks=max(looks, 1), measured_at=measured_at)
         tmp = _cache_file(keys[lab], lab).with_suffix(f".tmp{os.getpid()}")
         tmp.write_text(res.model_dump_json())
         tmp.replace(_cache_file(keys[lab], lab))

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pydantic import BaseModel
 
 from goblin_assets.contracts import ConfigDict, Patch, RunMetrics
-from goblin_assets.measure.benchmark import SpeedupInterval
+from goblin_assets.measure.benchmark import SpeedupInterval, verdict_line
 from goblin_assets.measure.calibration import Calibration, calibrate
 from goblin_assets.opscope.tensor_findings import TensorFindings
 from goblin_assets.redact import redact
@@ -110,8 +110,10 @@ def _footer(rep: AuditReport) -> str:
 
 
 def speedup_text(rep: AuditReport) -> str:
-    """The measured speedup with its interval; "no significant change" first when the interval contains 1.0."""
-    return rep.measured_interval.headline() if rep.measured_interval else f"{rep.measured_speedup:.2f}x (no interval)"
+    """The measured speedup in one line (:func:`~goblin_assets.measure.benchmark.verdict_line`): the verdict
+    first, then the interval, the pairs faster and the sign test, and the pairs' time against the budget."""
+    iv = rep.measured_interval
+    return verdict_line(iv) if iv else f"{rep.measured_speedup:.2f}x (no interval)"
 
 
 def stop_text(rep: AuditReport) -> str:

@@ -130,7 +130,11 @@ def audit_frame(audit_id: str, workload: str, profile_run_id: str, patched_run_i
     ``speedup_low/high`` is the measured speedup's interval at
     ``speedup_level`` (0..1) over ``speedup_pairs`` pairs, and
     ``speedup_verdict`` its reading (``faster``, ``slower``, ``no significant
-    change``, ``no interval``); all null when nothing was measured (a replay).
+    change``, ``no interval``); ``speedup_pairs_faster/slower`` and
+    ``speedup_sign_test_p`` the pairs' sign test beside it (null when
+    unpaired), ``speedup_budget_s``/``speedup_elapsed_s`` the benchmark's
+    wall-clock budget and the seconds it measured (null when unknown); all
+    null when nothing was measured (a replay).
     ``verdict``, ``healthy`` and ``patch_offered`` are the audit's ranked
     verdict (:class:`goblin_assets.report.verdict.Verdict`): its first kind,
     whether the run was healthy, whether the patch is handed over as a fix.
@@ -154,4 +158,6 @@ def audit_frame(audit_id: str, workload: str, profile_run_id: str, patched_run_i
         "calibrated_confidence": rep.confidence, "calibration_audits": cal.audits if cal is not None else 0,
         "verdict": v.status if v else None, "healthy": v.healthy if v else None,
         "patch_offered": v.patch_offered if v else None,
+        **{f"speedup_{k}": getattr(iv, k, None) if iv else None
+           for k in ("pairs_faster", "pairs_slower", "sign_test_p", "budget_s", "elapsed_s")},
     }])

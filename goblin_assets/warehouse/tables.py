@@ -66,6 +66,10 @@ TABLES: dict[str, list[tuple[str, str, bool]]] = {
         ("calibrated_confidence", "DOUBLE", True), ("calibration_audits", "BIGINT", True),
         # the verdict (report/verdict.py): its kind, whether the run was healthy, whether the patch is offered
         ("verdict", "VARCHAR", True), ("healthy", "BOOLEAN", True), ("patch_offered", "BOOLEAN", True),
+        # the pairs' sign test beside the interval, and the measurement's time against its budget
+        ("speedup_pairs_faster", "BIGINT", True), ("speedup_pairs_slower", "BIGINT", True),
+        ("speedup_sign_test_p", "DOUBLE", True), ("speedup_budget_s", "DOUBLE", True),
+        ("speedup_elapsed_s", "DOUBLE", True),
     ],
     "runs": [
         ("run_id", "VARCHAR", False), ("audit_id", "VARCHAR", True), ("workload", "VARCHAR", False),
@@ -203,6 +207,11 @@ _CHECKS: dict[tuple[str, str], list[pa.Check]] = {
     ("audits", "calibration_audits"): [pa.Check.ge(0)],
     ("audits", "verdict"): [pa.Check.isin(["failed", "unhealthy", "hazard", "faster", "slower",
                                            "no significant change", "no patch", "not measured"])],
+    ("audits", "speedup_pairs_faster"): [pa.Check.ge(0)],
+    ("audits", "speedup_pairs_slower"): [pa.Check.ge(0)],
+    ("audits", "speedup_sign_test_p"): [pa.Check.in_range(0, 1)],
+    ("audits", "speedup_budget_s"): [pa.Check.gt(0)],
+    ("audits", "speedup_elapsed_s"): [pa.Check.ge(0)],
 }
 
 
@@ -291,6 +300,8 @@ ADDED_COLUMNS: tuple[tuple[str, str], ...] = (
     ("audits", "speedup_verdict"), ("audits", "calibrated_speedup_low"), ("audits", "calibrated_speedup_high"),
     ("audits", "calibrated_confidence"), ("audits", "calibration_audits"),
     ("audits", "verdict"), ("audits", "healthy"), ("audits", "patch_offered"),
+    ("audits", "speedup_pairs_faster"), ("audits", "speedup_pairs_slower"), ("audits", "speedup_sign_test_p"),
+    ("audits", "speedup_budget_s"), ("audits", "speedup_elapsed_s"),
 )
 
 
