@@ -10,6 +10,20 @@ class WorkloadError(GoblinError):
     """A workload folder or its workload.yaml is missing or invalid."""
 
 
+class WorkloadSpecError(WorkloadError):
+    """One key of a ``workload.yaml`` is unknown or holds a value of the wrong kind.
+
+    ``file`` is the ``workload.yaml``, ``key`` the offending key, ``problem``
+    what is wrong with it; ``suggestion`` the closest known key for an unknown
+    one (None when nothing is close).  The message is one line:
+    ``FILE: unknown key 'units' (did you mean 'unit'?)``.
+    """
+
+    def __init__(self, file: str, key: str, problem: str, suggestion: str | None = None):
+        self.file, self.key, self.problem, self.suggestion = file, key, problem, suggestion
+        super().__init__(f"{file}: {problem}")
+
+
 class ConfigParseError(GoblinError):
     """A training config file cannot be read or parsed."""
 

@@ -31,6 +31,20 @@ SCRIPTS = {
     "python_oom": ("""\
         buffers = [bytearray(8 * 1024**3)]
         """, {"mem_cap_gb": 3.0}),
+    "oom_in_step": ("""\
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+
+        model = torch.nn.Linear(64, 64)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        data = DataLoader(TensorDataset(torch.randn(64, 64), torch.zeros(64, dtype=torch.long)), batch_size=8)
+        for i, (x, y) in enumerate(data):
+            if i == 3:
+                activations = torch.empty(8 * 1024**3, dtype=torch.uint8)
+            model(x).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=False)
+        """, {"mem_cap_gb": 3.0}),
     "segfaults": ("""\
         import ctypes
         ctypes.string_at(0)
@@ -92,8 +106,33 @@ def test_hang_times_out(runs):
 @pytest.mark.parametrize("name", ["torch_oom", "python_oom"])
 def test_allocation_beyond_the_cap_is_out_of_memory(runs, name):
     raw = runs[name]
-    assert _failed(raw, name) == f"{name}.py: ran out of memory (cap 3.0 GB)"
+    failure = _failed(raw, name)
+    assert failure.startswith(f"{name}.py: ran out of memory during setup, before the first batch, at {name}.py:")
+    assert "no optimizer constructed yet" in failure
+    # the cap is named as the limit that was hit, last, never as the fix
+    assert failure.endswith("(mem_cap_gb=3; RLIMIT_AS counts virtual memory, mapped libraries included, "
+                            "not only resident pages)")
     assert "allocate memory" in raw.stderr_tail or "MemoryError" in raw.stderr_tail
+
+
+def test_out_of_memory_says_what_used_the_memory(runs):
+    """The failed allocation, where, what was held, and only then the limit: the cap is never the fix."""
+    raw = runs["oom_in_step"]
+    failure = _failed(raw, "oom_in_step")
+    held = (
+        "oom_in_step.py: ran out of memory in step 4 (measured step 2), during forward (a batch loaded, no backward "
+        "yet), at oom_in_step.py:9 in <module>: an allocation of 8.59 GB (8589934592 bytes) failed; held at the "
+        "time: peak resident memory ")
+    assert failure.startswith(held), failure
+    # Linear(64, 64): 4160 fp32 parameters = 16,640 bytes; its gradients and SGD momentum the same;
+    # a batch of 8 x 64 fp32 inputs + 8 int64 labels = 2,112 bytes
+    assert ("parameters 16.6 kB + gradients 16.6 kB + optimizer state 16.6 kB (1 optimizer), "
+            "last DataLoader batch 2.1 kB; the limit hit: the runner's address-space cap of 3.22 GB") in failure
+    state = raw.extra["oom"]
+    assert (state["params_bytes"], state["grads_bytes"], state["optimizer_state_bytes"], state["batch_bytes"]) == (
+        16640, 16640, 16640, 2112)
+    assert state["steps_done"] == 3 and state["peak_rss_bytes"] > 0
+    assert "increase" not in failure.lower() and "raise the cap" not in failure.lower()
 
 
 @pytest.mark.parametrize("name, sig", [("segfaults", "SIGSEGV"), ("aborts", "SIGABRT")])

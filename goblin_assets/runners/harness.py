@@ -31,6 +31,20 @@ the stepped optimizers hold is checked for NaN/Inf (``nonfinite_params``), and a
 every warm-up step and, in ``sketch`` mode, every step (``first_nonfinite_step``):
 never inside a timed step.
 
+A launch script entry is run by the parent under bash with ``python`` /
+``python3`` on ``PATH`` pointing here as ``harness.py --launched SPEC.json
+ARGS...`` (:func:`launched`): a command that runs a script file runs it
+inside the harness with its own arguments, any other (``-c``, ``-m``) runs as
+it is.
+
+Where the script is (``Harness.phase``: setup, data loading, forward,
+backward, optimizer step) comes from the same hooks, and every optimizer the
+script constructs is tracked (a wrapped ``Optimizer.__init__``, weak
+references).  When the script dies of a failed allocation (:func:`is_oom`),
+``OUT/oom.json`` records the phase, the script's frame and what held memory
+(``Harness.write_oom``; the parent's :mod:`goblin_assets.runners.oom` turns it
+into the failure line).
+
 Everything the parent needs goes to ``OUT/result.json`` (plain JSON that the
 parent validates as one :class:`~goblin_assets.runners.result.HarnessResult`:
 field names here and there must agree); the Chrome trace to
@@ -45,11 +59,14 @@ import importlib.abc
 import json
 import math
 import os
+import re
 import resource
 import runpy
 import sys
 import time
+import traceback
 import warnings
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -62,6 +79,44 @@ MAX_PREFETCH_WARMUP = 8
 
 #: User annotations and Python-level ranges that are not ops (excluded from top-5).
 _NOT_OPS = ("ProfilerStep#", "enumerate(DataLoader)", "Optimizer.", "## ", "<built-in", "DataLoader")
+#: The file the harness writes when the script dies of a failed allocation (read by runners/oom.py).
+OOM_NAME = "oom.json"
+#: Exception text of a failed allocation: torch's CPU allocator (ENOMEM), CUDA/HIP caching allocator.
+_OOM_TEXT = re.compile(r"out of memory|can't allocate memory|Cannot allocate memory", re.IGNORECASE)
+#: Where the script is, by the hooks the harness sees (``Harness.phase``).
+SETUP = "setup, before the first batch"
+FORWARD = "forward (a batch loaded, no backward yet)"
+
+
+def is_oom(exc: BaseException) -> bool:
+    """True for a failed allocation: ``MemoryError``, torch's ``OutOfMemoryError``, or an allocator's ENOMEM text."""
+    return isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError" or bool(
+        _OOM_TEXT.search(str(exc)))
+
+
+def _tensor_bytes(obj) -> int:
+    """Bytes of the tensors in a batch (a tensor, or tensors in tuples, lists and mappings)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, Mapping):
+        return sum(_tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in obj)
+    return 0
+
+
+def _vm_bytes() -> dict[str, int]:
+    """``VmSize`` (address space now) and ``VmPeak`` of this process from ``/proc/self/status``, bytes."""
+    out = {}
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                if key in ("VmSize", "VmPeak"):
+                    out[key] = int(rest.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return out
 
 
 def _current_rss_bytes() -> int:
@@ -199,6 +254,9 @@ class Harness:
         self.tap = None
         self.rss_samples: list[int] = []
         self.device_kind = "cuda" if torch.cuda.is_available() else "cpu"
+        self.phase = SETUP  # where the script is (see install_loader_counter / install_signal_hooks)
+        self.batch_bytes: int | None = None  # tensor bytes of the last DataLoader batch
+        self.constructed: list = []  # weak references to every optimizer the script constructed
 
     # -- data loader wrapper --------------------------------------------------
     def install_loader_counter(self) -> None:
@@ -217,9 +275,11 @@ class Harness:
                 if ds is not None:
                     h.dataset_class = f"{type(ds).__module__}.{type(ds).__qualname__}"
                     h.dataset_in_memory = _in_memory(ds)
+            h.phase = "data loading"
             t0 = time.perf_counter()
             batch = orig(it)
             h.cur[3] += time.perf_counter() - t0
+            h.phase, h.batch_bytes = FORWARD, _tensor_bytes(batch)
             s, t, n = _leading_count(batch, h.field, h.unit, h.mask_field)
             h.cur[0] += s
             h.cur[1] += t
@@ -251,11 +311,22 @@ class Harness:
         def recording_backward(tensor, *a, **kw):
             if tensor.numel() == 1:
                 h.cur_loss = tensor.detach()
-            return backward(tensor, *a, **kw)
+            h.phase = "backward"
+            out = backward(tensor, *a, **kw)
+            h.phase = "after backward, before the optimizer step"
+            return out
 
         torch.Tensor.backward = recording_backward
+        init = torch.optim.Optimizer.__init__
+
+        def tracking_init(optimizer, *a, **kw):
+            init(optimizer, *a, **kw)
+            h.constructed.append(weakref.ref(optimizer))
+
+        torch.optim.Optimizer.__init__ = tracking_init
 
         def before_step(optimizer, args, kwargs):
+            h.phase = "optimizer step"
             params = [p for g in optimizer.param_groups for p in g["params"]
                       if isinstance(p, torch.Tensor) and p.requires_grad]
             h.params_trainable = max(h.params_trainable, len(params))
@@ -267,6 +338,7 @@ class Harness:
     def on_step(self, optimizer, args, kwargs) -> None:
         now = time.perf_counter()
         self.step += 1
+        self.phase = "after the optimizer step"
         self.step_losses.append(self.cur_loss)
         self.cur_loss = None
         if not any(o is optimizer for o in self.optimizers):
@@ -361,6 +433,65 @@ class Harness:
             self.tap = getattr(importlib.import_module(mod), cls)()
             self.tap.__enter__()
 
+    # -- a failed allocation ------------------------------------------------------
+    def memory_held(self) -> dict:
+        """Bytes the script's optimizers hold: parameters, gradients and optimizer state (each tensor once).
+
+        ``optimizers`` counts the live optimizers the script constructed; the
+        byte counts are None when it has constructed none yet.
+        """
+        opts = [o for o in (r() for r in self.constructed) if o is not None]
+        if not opts:
+            return {"optimizers": 0, "params_bytes": None, "grads_bytes": None, "optimizer_state_bytes": None}
+        seen: set[int] = set()
+        params = grads = state = 0
+        for o in opts:
+            for g in o.param_groups:
+                for p in g["params"]:
+                    if isinstance(p, torch.Tensor) and id(p) not in seen:
+                        seen.add(id(p))
+                        params += p.numel() * p.element_size()
+                        if p.grad is not None:
+                            grads += p.grad.numel() * p.grad.element_size()
+            state += sum(v.numel() * v.element_size() for st in o.state.values() for v in st.values()
+                         if isinstance(v, torch.Tensor))
+        return {"optimizers": len(opts), "params_bytes": params, "grads_bytes": grads,
+                "optimizer_state_bytes": state}
+
+    def write_oom(self, exc: BaseException) -> None:
+        """Write ``OUT/oom.json``: where the script was and what held memory when an allocation failed.
+
+        Fields (bytes unless named otherwise): ``steps_done`` (optimizer steps
+        before the failure), ``warmup``, ``phase`` (:data:`SETUP`, ``data
+        loading``, :data:`FORWARD`, ``backward``, ...), ``where`` (the
+        script's innermost frame, ``file:line in function``), ``error`` (the
+        exception, first 1000 characters), ``peak_rss_bytes``,
+        ``address_space_bytes`` / ``address_space_peak_bytes`` (VmSize /
+        VmPeak), ``batch_bytes`` (the last DataLoader batch), those of
+        :meth:`memory_held`, and on ``cuda`` ``device_allocated_bytes`` /
+        ``device_reserved_bytes`` / ``device_peak_bytes``.  None where the
+        harness cannot see it.  Never raises: a failure to record is a note
+        on stderr.
+        """
+        try:
+            script_dir = str(Path(self.spec["script"]).parent)
+            frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename.startswith(script_dir)]
+            vm = _vm_bytes()
+            state = dict(steps_done=self.step, warmup=self.warmup, phase=self.phase,
+                         where=f"{Path(frames[-1].filename).name}:{frames[-1].lineno} in {frames[-1].name}"
+                         if frames else None,
+                         error=f"{type(exc).__name__}: {exc}"[:1000],
+                         peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                         address_space_bytes=vm.get("VmSize"), address_space_peak_bytes=vm.get("VmPeak"),
+                         batch_bytes=self.batch_bytes, **self.memory_held())
+            if self.device_kind == "cuda":
+                state.update(device_allocated_bytes=torch.cuda.memory_allocated(),
+                             device_reserved_bytes=torch.cuda.memory_reserved(),
+                             device_peak_bytes=torch.cuda.max_memory_allocated())
+            (self.out / OOM_NAME).write_text(json.dumps(state), encoding="utf-8")
+        except Exception as err:  # noqa: BLE001 - the script's own error is what the parent reports
+            print(f"goblin harness: could not record the memory state: {err}", file=sys.stderr)
+
     # -- results -----------------------------------------------------------------
     def finish(self, reached: bool) -> None:
         warn: list[str] = []
@@ -414,8 +545,67 @@ class Harness:
         (self.out / "result.json").write_text(json.dumps(result), encoding="utf-8")
 
 
+#: Interpreter options that take the next argument as their value (``python -W ignore train.py``).
+_PY_OPTS_WITH_VALUE = ("-W", "-X", "--check-hash-based-pycs")
+
+
+def python_script_of(argv: list[str]) -> tuple[str, list[str]] | None:
+    """The script and its arguments in a ``python`` command line's arguments (after ``python``).
+
+    ``["-u", "train.py", "--lr", "3e-4"]`` -> ``("train.py", ["--lr", "3e-4"])``.
+    None when the command runs no script file: ``-c CODE``, ``-m MODULE``,
+    ``-`` (stdin) or no argument (a REPL).
+    """
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a in _PY_OPTS_WITH_VALUE:
+            i += 2
+            continue
+        if a == "-" or (a.startswith("-") and not a.startswith("--") and a[1:2] not in ("W", "X")
+                        and {"c", "m"} & set(a[1:])):
+            return None
+        if a.startswith("-"):
+            i += 1
+            continue
+        return a, argv[i + 1:]
+    return None
+
+
+def launched(spec_path: str, python_argv: list[str]) -> int:
+    """A ``python`` command of a launch script (the run's ``bin/python`` shim ends here).
+
+    A command that runs a script file runs it inside the harness, with the
+    spec's budget and the command's own arguments; the script is found from
+    the working directory, else beside the launch script (``launch_dir``).
+    Any other command (``python -c``, ``python -m``) runs in the interpreter
+    as it is.  Once a command has taken optimizer steps (its ``result.json``
+    says so) the budget is spent: later ``python`` commands of the launch
+    script are skipped (exit 0, a note on stderr).
+    """
+    found = python_script_of(python_argv)
+    if found is None:
+        os.execv(sys.executable, [sys.executable, *python_argv])
+    spec = json.loads(Path(spec_path).read_text())
+    prev = Path(spec["out_dir"]) / "result.json"
+    if prev.is_file() and json.loads(prev.read_text(encoding="utf-8")).get("steps_seen"):
+        print(f"goblin harness: the step budget is spent; skipping python {' '.join(python_argv)}", file=sys.stderr)
+        return 0
+    script, args = found
+    path = Path(script)
+    if not path.is_absolute() and not path.exists() and (Path(spec["launch_dir"]) / path).exists():
+        path = Path(spec["launch_dir"]) / path
+    return run({**spec, "script": str(path.absolute()), "args": args})
+
+
 def main(argv: list[str]) -> int:
-    spec = json.loads(Path(argv[0]).read_text())
+    if argv and argv[0] == "--launched":
+        return launched(argv[1], argv[2:])
+    return run(json.loads(Path(argv[0]).read_text()))
+
+
+def run(spec: dict) -> int:
+    """Run the spec's script for its step budget and write the results (never returns: ``os._exit``)."""
     h = Harness(spec)
     if spec.get("threads"):
         torch.set_num_threads(int(spec["threads"]))
@@ -435,6 +625,10 @@ def main(argv: list[str]) -> int:
     except SystemExit as exc:
         if exc.code not in (0, None):
             raise
+    except BaseException as exc:
+        if is_oom(exc):
+            h.write_oom(exc)
+        raise
     finally:
         handle.remove()
     h.finish(reached)

@@ -4,7 +4,14 @@ Works on ``cpu``, ``cuda`` and ROCm (ROCm builds use the ``torch.cuda`` API;
 ``torch.version.hip`` tells them apart).  The child is
 :mod:`goblin_assets.runners.harness`; it gets a step budget (no edit of the
 script), a wall-clock timeout, an address-space cap, a scrubbed environment
-and a scratch working directory.  A child that hangs, runs out of memory,
+and a scratch working directory.  A launch script entry (``.sh``: see
+:func:`~goblin_assets.runners.workload.entry_kind`) runs under bash with the
+run's ``bin/`` first on ``PATH``, where ``python`` and ``python3`` run their
+script inside the harness (``harness.launched``) with the launch line's own
+arguments; a launcher that starts its own interpreters (torchrun,
+accelerate launch) is not hooked, and the run says so.  A child that runs out
+of memory fails with what used the memory (:mod:`goblin_assets.runners.oom`).
+A child that hangs, runs out of memory,
 crashes, exits non-zero or leaves a malformed ``result.json`` yields a
 :class:`~goblin_assets.runners.result.RawRun` with ``ok=False``, the reason and
 the tail of its stderr: never an exception from deep inside.
@@ -15,6 +22,8 @@ import json
 import os
 import re
 import resource
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,8 +33,9 @@ from pathlib import Path
 
 from goblin_assets import goblin_home
 from goblin_assets.contracts import RunMetrics
+from goblin_assets.runners.oom import OOM_NAME, OOM_TEXT, oom_failure
 from goblin_assets.runners.result import RESULT_NAME, HarnessResult, HarnessResultError, Mode, RawRun
-from goblin_assets.runners.workload import Workload
+from goblin_assets.runners.workload import LAUNCH_SUFFIXES, PYTHON_SUFFIXES, Workload, entry_kind
 
 #: The child harness, run by file path so that the user's interpreter needs nothing of Goblin installed.
 HARNESS = Path(__file__).resolve().with_name("harness.py")
@@ -37,9 +47,8 @@ _SECRET_ENV = re.compile(
     r"(TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|API_KEY|ACCESS_KEY|PRIVATE_KEY|^AWS_|^AZURE_|^GOOGLE_|^GCP_|^HF_TOKEN|^WANDB_API)",
     re.IGNORECASE,
 )
-
-#: stderr text of an allocation that failed: Python, torch's CPU allocator (ENOMEM), CUDA/HIP.
-_OOM = re.compile(r"MemoryError|out of memory|can't allocate memory|Cannot allocate memory", re.IGNORECASE)
+#: The interpreter names a launch script's commands find first on PATH (the run's ``bin/``).
+_SHIM_NAMES = ("python", "python3")
 
 
 def scrubbed_env(extra: dict[str, str] | None = None, unset: list[str] | None = None) -> dict[str, str]:
@@ -100,9 +109,24 @@ class LocalRunner:
         self.mem_cap_gb = mem_cap_gb
         self.python = python or sys.executable
 
-    def _command(self, spec_path: Path) -> list[str]:
-        """The child's argv (a profiler wrapper such as rocprofv3 prefixes it)."""
-        return [self.python, str(HARNESS), str(spec_path)]
+    def _command(self, spec_path: Path, launch: list[str] | None = None) -> list[str]:
+        """The child's argv (a profiler wrapper such as rocprofv3 prefixes it).
+
+        ``launch`` is a launch script's argv (``bash SCRIPT ARGS...``), run
+        instead of the harness; its ``python`` commands reach the harness.
+        """
+        return launch or [self.python, str(HARNESS), str(spec_path)]
+
+    def _shims(self, run_dir: Path, spec_path: Path) -> Path:
+        """Write ``RUN_DIR/bin/python`` and ``python3``: this runner's interpreter running the harness."""
+        bin_dir = run_dir / "bin"
+        bin_dir.mkdir()
+        line = " ".join(shlex.quote(a) for a in (self.python, str(HARNESS), "--launched", str(spec_path)))
+        for name in _SHIM_NAMES:
+            shim = bin_dir / name
+            shim.write_text(f"#!/bin/sh\n# Goblin: runs the launched script inside the harness\nexec {line} \"$@\"\n")
+            shim.chmod(0o755)
+        return bin_dir
 
     def run(
         self,
@@ -130,8 +154,15 @@ class LocalRunner:
         run_dir = goblin_home() / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{workload.name}-{mode}{('-' + label) if label else ''}-{uuid.uuid4().hex[:6]}"
         scratch = run_dir / "cwd"
         scratch.mkdir(parents=True)
+        program = workload.program(script).resolve()
+        kind = entry_kind(program)
+        if kind is None:
+            return RawRun(ok=False, run_dir=run_dir, mode=mode, failure=(
+                f"{program.name}: not a Python script ({', '.join(PYTHON_SUFFIXES)}) or a launch script "
+                f"({', '.join(LAUNCH_SUFFIXES)}); nothing was run"))
         spec = {
-            "script": str((script or workload.script).resolve()),
+            "script": str(program),
+            "launch_dir": str(program.parent),
             "args": list(workload.args),
             "mode": mode,
             "steps": steps,
@@ -150,11 +181,15 @@ class LocalRunner:
         if self.device == "cpu":
             child_env["CUDA_VISIBLE_DEVICES"] = ""
             child_env["HIP_VISIBLE_DEVICES"] = ""
+        launch = None
+        if kind == "launch":
+            child_env["PATH"] = f"{self._shims(run_dir, run_dir / 'spec.json')}{os.pathsep}{child_env.get('PATH', '')}"
+            launch = [shutil.which("bash") or "/bin/bash", str(program), *workload.args]
         stdout_p, stderr_p = run_dir / "stdout.txt", run_dir / "stderr.txt"
         t0 = time.perf_counter()
         with open(stdout_p, "wb") as out, open(stderr_p, "wb") as err:
             proc = subprocess.Popen(
-                self._command(run_dir / "spec.json"),
+                self._command(run_dir / "spec.json", launch),
                 cwd=scratch, env=child_env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
                 preexec_fn=_limit_memory(self.mem_cap_gb),
             )
@@ -176,7 +211,7 @@ class LocalRunner:
         wall = time.perf_counter() - t0
         stderr_tail = _tail(stderr_p)
         raw = RawRun(ok=False, run_dir=run_dir, mode=mode, stderr_tail=stderr_tail, returncode=rc, wall_s=wall)
-        script_name = Path(spec["script"]).name
+        script_name = program.name
         if timed_out:
             raw.failure = f"{script_name}: timed out after {self.timeout_s:.0f} s (wall-clock limit)"
             return raw
@@ -184,16 +219,23 @@ class LocalRunner:
             if rc < 0:
                 sig = signal.Signals(-rc).name
                 raw.failure = f"{script_name}: killed by {sig}" + (
-                    " (memory cap or out of memory)" if sig == "SIGKILL" else "")
-            elif _OOM.search(stderr_tail):
-                raw.failure = f"{script_name}: ran out of memory (cap {self.mem_cap_gb} GB)"
+                    " (as the kernel's out-of-memory killer does when the machine's memory runs out; what held "
+                    "memory: not observable)" if sig == "SIGKILL" else "")
+            elif OOM_TEXT.search(stderr_tail) or (run_dir / OOM_NAME).is_file():
+                raw.failure, state = oom_failure(script_name, stderr_tail, run_dir, self.mem_cap_gb)
+                if state is not None:
+                    raw.extra["oom"] = state
             else:
                 last = [ln for ln in stderr_tail.strip().splitlines() if ln.strip()]
                 raw.failure = f"{script_name}: exited with code {rc}" + (f": {last[-1].strip()}" if last else "")
             return raw
         result_p = run_dir / RESULT_NAME
         if not result_p.is_file():
-            raw.failure = f"{script_name}: ended without writing results (exit 0)"
+            raw.failure = f"{script_name}: ended without writing results (exit 0)" if kind == "python" else (
+                f"{script_name}: the launch script ran no Python script through python/python3, so no step was "
+                "measured (a launcher that starts its own interpreters, such as torchrun, accelerate launch or "
+                "deepspeed, is not hooked): name the training script as entry: and keep the launch script "
+                "under config:")
             return raw
         try:
             raw.result = result = HarnessResult.read(result_p)

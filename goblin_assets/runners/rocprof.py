@@ -507,10 +507,10 @@ class RocprofRunner(LocalRunner):
         self.smi_interval_s = smi_interval_s
         self.gpu = gpu
 
-    def _command(self, spec_path: Path) -> list[str]:
+    def _command(self, spec_path: Path, launch: list[str] | None = None) -> list[str]:
         out = spec_path.parent / "rocprof"
         return [self.rocprofv3, "--kernel-trace", "--hip-trace", "--output-format", "csv", "-d", str(out), "--",
-                *super()._command(spec_path)]
+                *super()._command(spec_path, launch)]
 
     def run(self, workload: Workload, mode: Mode, steps: int, warmup: int = 2, script: Path | None = None,
             env: dict[str, str] | None = None, unset_env: list[str] | None = None, tap: str | None = None,

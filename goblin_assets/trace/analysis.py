@@ -18,7 +18,8 @@ sync_root_causes    :func:`~goblin_assets.trace.critical_path.sync_root_causes`
 ==================  ===========================================================
 
 plus the graded findings (:mod:`~goblin_assets.trace.severity`) of the launch,
-idle, recompute, critical-path and health analyses, and the audit's own
+idle, recompute, critical-path, health and exposed-communication
+(:mod:`~goblin_assets.trace.comm`) analyses, and the audit's own
 RunMetrics and waste budget (:func:`~goblin_assets.trace.metrics.trace_run_metrics`).
 Every table goes to the warehouse as ``trace_<table>`` with the analysis's
 ``trace_id``; findings as ``trace_findings``.
@@ -34,9 +35,10 @@ from pathlib import Path
 import pandas as pd
 
 from goblin_assets.contracts import RunMetrics
-from goblin_assets.trace import critical_path, health, idle, kernels, launch, ops, recompute, temporal
+from goblin_assets.runners.trace import TraceSummary
+from goblin_assets.trace import comm, critical_path, health, idle, kernels, launch, ops, recompute, temporal
 from goblin_assets.trace.events import TraceEvents, TraceReadError, load_trace, trace_stem
-from goblin_assets.trace.metrics import trace_run_metrics
+from goblin_assets.trace.metrics import trace_run_metrics, trace_summary
 from goblin_assets.trace.severity import Finding
 
 #: table name -> analysis (TraceEvents in, DataFrame out), in the order they run.
@@ -86,13 +88,15 @@ class TraceReport:
         }
 
 
-def trace_findings(ev: TraceEvents, tables: dict[str, pd.DataFrame]) -> list[Finding]:
-    """The graded findings of every analysis that grades (launch, idle, recompute, critical path, health), high first."""
+def trace_findings(ev: TraceEvents, tables: dict[str, pd.DataFrame],
+                   summary: TraceSummary | None = None) -> list[Finding]:
+    """The graded findings of every analysis that grades (launch, idle, recompute, critical path, health,
+    exposed communication), high first.  ``summary`` is :func:`trace_summary` of ``ev`` (read when not given)."""
     tb = tables["temporal"]
     recorded = {**tables, "temporal": tb[tb["timing"] == "recorded"].drop(columns="timing") if len(tb) else tb}
     found = [*launch.launch_findings(ev, recorded), *recompute.recompute_findings(ev, tables["recompute"]),
              *critical_path.critical_path_findings(ev, tables["critical_path"], tables["sync_root_causes"]),
-             *health.health_check(ev)]
+             *health.health_check(ev), *comm.comm_findings(summary or trace_summary(ev), stepped=ev.source_format == "kineto" and ev.has_steps)]
     rounded = tb[(tb["timing"] == "hta_rounded") & (tb["non_compute_time_us"] < 0)] if len(tb) else tb
     for row in rounded.itertuples():
         found.append(Finding(
@@ -144,9 +148,10 @@ def analyze_trace(path: str | Path, trace_id: str | None = None,
             tables[name], missing[name] = pd.DataFrame(), str(exc)
         say(f"{name}: {len(tables[name])} rows" + (" (not observable)" if name in missing else ""))
     stem = trace_stem(ev.path)
+    summary = trace_summary(ev)
     rep = TraceReport(trace_id=trace_id or make_audit_id(f"trace-{stem}"), events=ev,
-                      metrics=trace_run_metrics(ev), tables=tables, findings=trace_findings(ev, tables),
-                      not_observable=missing)
+                      metrics=trace_run_metrics(ev, summary=summary), tables=tables,
+                      findings=trace_findings(ev, tables, summary), not_observable=missing)
     rep.metrics.signals = trace_signals(rep)
     rep.elapsed_s = time.perf_counter() - t0
     return rep

@@ -58,7 +58,7 @@ def trace_summary(ev: TraceEvents) -> TraceSummary:
     return window_summary(ev)
 
 
-def trace_run_metrics(ev: TraceEvents, workload: str = "") -> RunMetrics:
+def trace_run_metrics(ev: TraceEvents, workload: str = "", summary: TraceSummary | None = None) -> RunMetrics:
     """RunMetrics of a recorded trace, labelled ``replayed`` (never measured by this run).
 
     ``step_time_s``: median ``ProfilerStep`` duration (the whole window when
@@ -68,9 +68,10 @@ def trace_run_metrics(ev: TraceEvents, workload: str = "") -> RunMetrics:
     ``top_kernels``: the five longest kernels by summed time (share of the
     steps' time); ``attention_kernel_loaded``: a fused attention kernel ran.
     Throughput and MFU are ``not_observable`` (a trace does not count samples
-    or tokens).
+    or tokens).  ``summary`` is :func:`trace_summary` of ``ev`` when the
+    caller has it already (read once).
     """
-    s = trace_summary(ev)
+    s = summary or trace_summary(ev)
     step_us = [st.dur_us for st in s.steps]
     step_time_s = float(np.median(step_us)) * 1e-6
     kind = ev.source_format

@@ -9,7 +9,10 @@ for input and highly at 20% (``tensorflow/profiler`` ``input_pipeline_analyzer``
 HTA flags launches whose CPU runtime call exceeds 50 µs and whose launch
 delay exceeds 100 µs (``hta/trace_analysis.py`` ``get_cuda_kernel_launch_stats``
 defaults ``runtime_cutoff=50``, ``launch_delay_cutoff=100``); TraceLens studies kernels shorter than 10 µs
-(``TraceLens/TreePerf`` short-kernel study, ``short_kernel_threshold_us=10``).
+(``TraceLens/TreePerf`` short-kernel study, ``short_kernel_threshold_us=10``);
+the PyTorch Profiler TensorBoard plugin recommends on communication above
+10% of step time (pytorch/kineto ``tb_plugin/torch_tb_profiler/profiler/data.py``
+``RunProfileData.analyze``, docs/sources.md "Waste decomposition").
 Shares that are ours are marked so in their source.
 """
 from __future__ import annotations
@@ -56,6 +59,10 @@ THRESHOLDS: dict[str, Threshold] = {
         "ours: activation checkpointing re-runs the forward (≈ 1/3 of a step at most); 10%/25% of step")),
     "sync_pct": Threshold(moderate=5, high=20, unit="% of step", source=(
         "xprof's input-bound cut-offs applied to host-device syncs (our choice of the same grades)")),
+    "comm_exposed_pct": Threshold(moderate=10, high=30, unit="% of step", source=(
+        "PyTorch Profiler TensorBoard plugin (kineto tb_plugin data.py RunProfileData.analyze): communication "
+        "recommendation above 10% of step time (moderate); high at 30%, KB rule collectives.exposed_allreduce's "
+        "share (ours)")),
     "roofline_pct": Threshold(moderate=50, high=80, unit="% of peak lost", source=(
         "ours: share of the device's peak a GEMM/attention op leaves unused (TraceLens reports % of roofline)")),
 }
@@ -65,7 +72,7 @@ class Finding(BaseModel):
     """One graded observation of a trace analysis.
 
     ``analysis`` is the module that made it (``temporal``, ``idle``,
-    ``launch``, ``ops``, ``recompute``, ``critical_path``, ``health`` ...),
+    ``launch``, ``ops``, ``recompute``, ``critical_path``, ``health``, ``comm`` ...),
     ``kind`` a short stable identifier (``host_wait``, ``cpu_bound_step`` ...),
     ``value`` in ``unit``, ``severity`` from ``threshold`` (a key of
     :data:`THRESHOLDS`, empty when the finding is not graded by a number),
