@@ -95,8 +95,12 @@ demo: install $(DAGSTER_HOME)/dagster.yaml
 test: check-lock system-deps
 	$(BIN)/python -m pytest -q
 
+# `dagster dev` in a process group of its own, behind a launcher that stops the whole group on one Ctrl-C
+# or SIGTERM (goblin_assets/ui.py); `exec`: the launcher is the process make runs.
+UI_HOST ?= 127.0.0.1
+UI_PORT ?= 3000
 ui: install $(DAGSTER_HOME)/dagster.yaml
-	$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
+	exec $(BIN)/python -m goblin_assets.ui --host $(UI_HOST) --port $(UI_PORT)
 
 # The scaled-out stack on this machine (deploy/README.md): PostgreSQL, Redis and WORKERS Celery
 # workers in a temporary directory on loopback; prints the variables to export; Ctrl-C stops it all.

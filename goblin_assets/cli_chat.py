@@ -7,7 +7,9 @@ deterministic planner drives the tools.  With one, any OpenAI-compatible
 chat-completions server does (vLLM, Ollama, Hugging Face Inference
 endpoints ...): ``--model`` / ``$GOBLIN_LLM_MODEL`` names the model and
 ``$GOBLIN_LLM_API_KEY`` (never printed) authenticates.  Events stream as they
-happen; ``--json`` prints one JSON object per event.  Exit code 2 when the
+happen; ``--json`` prints one JSON object per event.  At the end the audits the chat measured (its
+own and each what-if's) are written to the warehouse, as ``goblin audit`` writes its audit
+(goblin_assets/agent/record.py).  Exit code 2 when the
 model server failed (the final report says how) or on a bad path.
 """
 from __future__ import annotations
@@ -59,6 +61,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
     from goblin_assets.agent import run_agent
     from goblin_assets.agent.events import FinalReport
     from goblin_assets.agent.factory import make_backend
+    from goblin_assets.agent.record import audits_of, conversation_frames
+    from goblin_assets.warehouse.db import write
 
     backend = make_backend(args.base_url, args.model)
     session = open_session(args)
@@ -74,6 +78,11 @@ def cmd_chat(args: argparse.Namespace) -> int:
             show_event(ev)
         if isinstance(ev, FinalReport) and ev.model_error:
             code = 2
+    frames = conversation_frames(session)   # the chat's audit and its measured what-ifs, as goblin audit writes
+    if frames:
+        counts = write(frames)
+        console.print(f"[dim]warehouse: {sum(counts.values())} rows in {len(counts)} tables "
+                      f"({len(audits_of(session))} audit(s))[/dim]")
     return code
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import dagster as dg
 
 from goblin_assets.defs.agent import AGENT_ASSETS
-from goblin_assets.defs.audit import AUDIT_ASSETS
+from goblin_assets.defs.audit import AUDIT_ASSETS, audit_workload_job
 from goblin_assets.defs.automation import automation_sensor, observe_rocm_image_daily, observe_rocm_image_job
 from goblin_assets.defs.mining import MINING_ASSETS
 from goblin_assets.defs.opscope import OPSCOPE_ASSETS
@@ -87,7 +87,7 @@ defs = dg.Definitions(
     assets=[*AUDIT_ASSETS, *AGENT_ASSETS, *OPSCOPE_ASSETS, *MINING_ASSETS, *SQL_ASSETS, *TRACE_ASSETS],
     sensors=[workload_folders_sensor, automation_sensor, trace_files_sensor],
     schedules=[observe_rocm_image_daily],
-    jobs=[observe_rocm_image_job],
+    jobs=[audit_workload_job, observe_rocm_image_job],
     resources={"runner": runner_from_env(), "warehouse": warehouse_resource()},
     executor=executor_from_env(),
 )

@@ -55,3 +55,17 @@ def test_new_image_tag_requests_exactly_the_dependent_assets():
     assert set(req) == DEPENDENT
     assert all(parts == set(PARTITIONS) for parts in req.values())
     assert not (set(req) & UNRELATED)
+
+
+def test_a_fresh_instance_builds_the_knowledge_base_and_nothing_else():
+    """The first tick of a fresh ``make ui`` builds kb_rules and kb_index (the audit_workload job's upstream), once;
+    with the knowledge base present nothing is requested."""
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions(workloads_partitions.name, PARTITIONS)
+    first = dg.evaluate_automation_conditions(defs=defs, instance=instance)
+    assert _requested(first) == {"kb_rules": {None}, "kb_index": {None}}
+    # the run has not finished (or failed): not requested again on the next tick
+    assert _requested(dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=first.cursor)) == {}
+    built = dg.DagsterInstance.ephemeral()
+    _materialize_everything(built, PARTITIONS)
+    assert _requested(dg.evaluate_automation_conditions(defs=defs, instance=built)) == {}

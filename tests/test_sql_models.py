@@ -1,6 +1,8 @@
 """SQL models: lineage parsed from the SQL, built as views/tables over real warehouse rows."""
 from __future__ import annotations
 
+import json
+
 import dagster as dg
 import pytest
 
@@ -89,3 +91,67 @@ def test_every_table_names_the_assets_that_write_it():
     assert set(TABLE_PRODUCERS) == set(TABLES)
     keys = {k.to_user_string() for k in defs.resolve_asset_graph().get_all_asset_keys()}
     assert {a for writers in TABLE_PRODUCERS.values() for a in writers} <= keys
+
+
+def _audit_tables() -> set[str]:
+    """Warehouse tables an audit writes (its stages' assets write them: TABLE_PRODUCERS), as the SQL names them."""
+    from goblin_assets.defs.audit import AUDIT_STAGES
+    from goblin_assets.defs.sql import STORES, TABLE_PRODUCERS
+
+    stages = {k.to_user_string() for a in AUDIT_STAGES for k in a.keys}
+    tidy = {t for t, writers in TABLE_PRODUCERS.items() if stages & set(writers)}
+    return tidy | {phys for phys, t in STORES.items() if t in tidy}
+
+
+def test_every_model_over_audit_rows_is_a_view():
+    """A table model is a snapshot taken when its asset ran; one that summarises audits would go stale after the
+    next ``goblin audit``: every model reading an audit table, directly or through another model, is a view."""
+    models = load_models()
+    reads_audits: set[str] = set()
+    for m in models:   # dependency order: a model's upstream models are decided first
+        if set(m.upstream) & (_audit_tables() | reads_audits):
+            reads_audits.add(m.name)
+    assert {"waste_budget_history", "speedup_calibration", "rule_firing_frequency", "audit_lineage"} <= reads_audits
+    assert [m.name for m in models if m.name in reads_audits and m.materialized != "view"] == []
+
+
+def test_models_show_each_cli_audit_without_a_rebuild(goblin_home, capsys):
+    """Rows written the way ``goblin audit`` writes them are in the models at once: nothing is rebuilt between."""
+    from goblin_assets.cli import main
+    from goblin_assets.warehouse.db import query
+    from tests.conftest import WORKLOADS
+
+    def summary() -> dict[str, int]:
+        return {
+            "history": int(query("SELECT count(DISTINCT run_id) AS n FROM waste_budget_history").n[0]),
+            "lineage": int(query("SELECT count(*) AS n FROM audit_lineage").n[0]),
+            "rules": int(query("SELECT coalesce(max(audits_checked), 0) AS n FROM rule_firing_frequency").n[0]),
+            "calibration": int(query("SELECT coalesce(sum(audits), 0) AS n FROM speedup_calibration").n[0]),
+        }
+
+    seen = []
+    for scenario in ("fp32_on_mi300x", "no_loader_workers"):
+        assert main(["audit", str(WORKLOADS / "synthetic" / scenario), "--json"]) == 0
+        audit_id = json.loads(capsys.readouterr().out)["audit_id"]
+        lineage = query("SELECT workload, profile_run_id FROM audit_lineage WHERE audit_id = ?", params=[audit_id])
+        assert lineage.values.tolist() == [[scenario, f"{audit_id}-profile"]]
+        seen.append(summary())
+    assert [s["history"] for s in seen] == [1, 2] and [s["lineage"] for s in seen] == [1, 2]
+    assert [s["rules"] for s in seen] == [1, 2]
+    assert seen[1]["calibration"] >= seen[0]["calibration"] > 0   # both scenarios apply a rule
+
+
+def test_old_and_stale_models_are_replaced_on_open(tmp_path):
+    """A mart built as a table by an older release, and a view built from older SQL, are replaced when the
+    warehouse opens for writing; the replacement reads the current rows."""
+    db = tmp_path / "wh.duckdb"
+    with connect(db) as con:
+        con.execute("DROP VIEW waste_budget_history")
+        con.execute("CREATE TABLE waste_budget_history AS SELECT 1 AS stale")
+        con.execute("CREATE OR REPLACE VIEW rule_firing_frequency AS SELECT 1 AS stale")
+    with connect(db) as con:
+        kinds = dict(con.execute("SELECT table_name, table_type FROM information_schema.tables").fetchall())
+        assert kinds["waste_budget_history"] == kinds["rule_firing_frequency"] == "VIEW"
+        cols = {r[0] for r in con.execute("DESCRIBE rule_firing_frequency").fetchall()}
+        assert "audits_fired" in cols and "stale" not in cols
+        assert con.execute("SELECT count(*) FROM waste_budget_history").fetchone()[0] == 0

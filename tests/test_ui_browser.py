@@ -1,11 +1,13 @@
 """The Dagster UI as a user meets it: headless Chromium (Debian's) driven by Playwright.
 
-Starts ``dagster dev`` on the project's workspace (runs kept small through the
-``GOBLIN_RUNNER_*`` variables), opens the asset lineage, materializes the
-``digits_mlp`` partition of the audit through the UI, waits for the run to
-succeed, opens the waste budget's asset checks and the audit report's
-metadata, and saves screenshots (to ``$GOBLIN_SCREENSHOTS``, default ``screenshots/`` under
-the suite's own ``GOBLIN_HOME``, never the checkout's ``.goblin``).
+Starts ``make ui``'s launcher (goblin_assets/ui.py: ``dagster dev`` on the project's workspace,
+runs kept small through the ``GOBLIN_RUNNER_*`` variables) on a fresh instance, opens the asset
+lineage, then does what README.md's "Audit a new workload from the UI" says: opens the
+``audit_workload`` job, picks the ``digits_mlp`` partition and launches one run, once the daemon
+has built the knowledge base (nothing else builds it here).  Waits for the run to succeed, opens
+the waste budget's asset checks and the audit report's metadata, and saves screenshots (to
+``$GOBLIN_SCREENSHOTS``, default ``screenshots/`` under the suite's own ``GOBLIN_HOME``, never the
+checkout's ``.goblin``); ``docs/ui_audit_workload.png`` is its ``03_launch_dialog.png``, cropped to the dialog.
 
 Skipped only when ``GOBLIN_SKIP_BROWSER=1``; CI runs it (``make test`` installs
 Chromium from Debian's packages).
@@ -60,9 +62,6 @@ SMALL_RUNS = {"GOBLIN_RUNNER_PROFILED_STEPS": "1", "GOBLIN_RUNNER_WARMUP_STEPS":
 def dagster_ui(tmp_path, monkeypatch):
     import dagster as dg
 
-    from goblin_assets.definitions import defs
-    from tests.conftest import dagster_resources
-
     home = tmp_path / "home"
     dagster_home = home / "dagster"
     dagster_home.mkdir(parents=True)
@@ -76,16 +75,12 @@ def dagster_ui(tmp_path, monkeypatch):
     inst.add_dynamic_partitions("workloads", ["digits_mlp"])
     port = _free_port()
     log = open(tmp_path / "dagster_dev.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "dagster", "dev", "-w", "workspace.yaml", "-h", "127.0.0.1",
-                             "-p", str(port)], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    inst.dispose()
+    # what `make ui` runs: the launcher, which stops dagster dev's whole process group on SIGTERM
+    proc = subprocess.Popen([sys.executable, "-m", "goblin_assets.ui", "--host", "127.0.0.1", "--port", str(port)],
+                            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        # The knowledge base is an unpartitioned upstream of the audit: built here, in process, while
-        # `dagster dev` starts.
-        with inst:
-            assert dg.materialize(list(defs.assets), selection=["kb_rules", "kb_index"],
-                                  instance=inst, resources=dagster_resources(home / "warehouse.duckdb")).success
         deadline = time.time() + 240
         while True:
             try:
@@ -100,8 +95,8 @@ def dagster_ui(tmp_path, monkeypatch):
             time.sleep(2)
         yield url
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # dagster dev's children ignore SIGTERM here (dagster_notes.md)
-        proc.wait()
+        proc.send_signal(signal.SIGTERM)   # the launcher SIGKILLs what has not stopped after its grace
+        proc.wait(timeout=120)
         log.close()
 
 
@@ -114,7 +109,7 @@ def _shots_dir() -> Path:
 def _wait_for_run(url: str, timeout_s: float = 900) -> dict:
     deadline = time.time() + timeout_s
     while time.time() < deadline:
-        runs = _graphql(url, "{ runsOrError { ... on Runs { results { runId status tags { key value } } } } }")
+        runs = _graphql(url, "{ runsOrError { ... on Runs { results { runId jobName status tags { key value } } } } }")
         results = runs["runsOrError"]["results"]
         mine = [r for r in results if {"key": "dagster/partition", "value": "digits_mlp"} in r["tags"]]
         if mine and mine[0]["status"] in ("SUCCESS", "FAILURE", "CANCELED"):
@@ -123,12 +118,39 @@ def _wait_for_run(url: str, timeout_s: float = 900) -> dict:
     raise AssertionError("the run launched from the UI did not finish in time")
 
 
-def _python_assets() -> int:
-    """How many assets the ``kind:python`` selection holds: the audit's partitioned stages."""
-    from goblin_assets.definitions import defs
+def _audit_stages() -> int:
+    """How many assets the ``audit_workload`` job materializes: the audit's partitioned stages."""
+    from goblin_assets.defs.audit import AUDIT_STAGES
 
-    graph = defs.resolve_asset_graph()
-    return sum("python" in graph.get(k).kinds for k in graph.get_all_asset_keys())
+    return sum(len(a.keys) for a in AUDIT_STAGES)
+
+
+def _wait_for_kb(url: str, timeout_s: float = 600) -> None:
+    """Wait until kb_index is materialized: the daemon builds the knowledge base on a fresh instance's first tick."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        nodes = _graphql(url, '{ assetNodes(assetKeys: [{path: ["kb_index"]}]) '
+                              '{ assetMaterializations(limit: 1) { runId } } }')["assetNodes"]
+        if nodes and nodes[0]["assetMaterializations"]:
+            return
+        time.sleep(3)
+    raise AssertionError("the daemon did not build the knowledge base (kb_rules, kb_index) in time")
+
+
+def _open_launch_dialog(page):
+    """Click the job's "Materialize all…" until its launch dialog shows (a click while the page still loads the
+    job's graph does nothing)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    dialog = page.locator(".dagster-dialog")
+    for _ in range(6):
+        page.locator("button", has_text="Materialize all").first.click()
+        try:
+            dialog.wait_for(timeout=15_000)
+            return dialog
+        except PlaywrightTimeout:
+            pass
+    raise AssertionError("the audit_workload job's launch dialog did not open")
 
 
 def test_materialize_digits_audit_through_the_ui(dagster_ui):
@@ -147,18 +169,23 @@ def test_materialize_digits_audit_through_the_ui(dagster_ui):
         page.screenshot(path=str(shots / "01_asset_graph.png"))
         for group in ("configs", "profiling", "kb", "benchmarks", "reports"):
             assert page.get_by_text(group, exact=True).count() > 0
-        # the audit's partitioned stages are the assets of kind "python"
-        page.locator(".CodeMirror").first.click()
-        page.keyboard.type("kind:python")
-        page.keyboard.press("Enter")
+        # README's way to audit a workload: the audit_workload job, one partition, Launch
+        page.goto(f"{dagster_ui}/jobs", wait_until="networkidle")
+        job = page.get_by_role("link", name="audit_workload").first
+        job.wait_for()
+        assert job.is_visible()
+        job.click()
+        page.get_by_text("Audit one workload: pick its partition").first.wait_for()
+        page.wait_for_load_state("networkidle")
         page.wait_for_timeout(1000)
-        page.screenshot(path=str(shots / "02_audit_selection.png"))
-        page.locator("button", has_text="Materialize all").first.click()
-        dialog = page.locator(".dagster-dialog")
-        dialog.get_by_text(f"Launch runs to materialize {_python_assets()} assets").wait_for()
+        page.screenshot(path=str(shots / "02_audit_workload_job.png"))
+        _wait_for_kb(dagster_ui)
+        dialog = _open_launch_dialog(page)
+        dialog.get_by_text(f"Launch runs to materialize {_audit_stages()} assets").wait_for()
         dialog.get_by_text("Select a partition or create one").click()
         page.get_by_text("digits_mlp", exact=True).first.click()
         page.keyboard.press("Escape")
+        page.wait_for_timeout(500)
         page.screenshot(path=str(shots / "03_launch_dialog.png"))
         page.get_by_role("button", name="Launch 1 run").click()
         run = _wait_for_run(dagster_ui)
@@ -166,6 +193,7 @@ def test_materialize_digits_audit_through_the_ui(dagster_ui):
         page.wait_for_timeout(1000)
         page.screenshot(path=str(shots / "04_run.png"))
         assert run["status"] == "SUCCESS", f"run {run['runId']} ended {run['status']}"
+        assert run["jobName"] == "audit_workload"
         # the asset checks: the waste budget's schema and sum checks, evaluated by the run, on its checks tab
         page.goto(f"{dagster_ui}/assets/waste_budget?view=checks&partition=digits_mlp", wait_until="networkidle")
         page.get_by_text("Evaluation result").first.wait_for()

@@ -1,4 +1,4 @@
--- materialized: table
+-- materialized: view
 -- GEMM shapes (M, K, N) seen across workloads, by how many sites and runs use them:
 -- the autotune / kernel-dispatch targets.
 SELECT

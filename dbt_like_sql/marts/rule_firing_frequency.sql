@@ -1,4 +1,4 @@
--- materialized: table
+-- materialized: view
 -- How often each KB rule fired across audits, and its mean retrieval score.
 SELECT
     rule_id,

@@ -1,4 +1,4 @@
--- materialized: table
+-- materialized: view
 -- Per run, site and role: density (nnz/numel), absmax, mean and RMS averaged over steps.
 SELECT
     run_id, workload, model, site, role,

@@ -1,4 +1,4 @@
--- materialized: table
+-- materialized: view
 -- Predicted vs measured speedup per applied rule (the calibration table).
 WITH applied AS (
     SELECT a.audit_id, a.workload, a.measured_speedup, a.predicted_speedup_low, a.predicted_speedup_high,

@@ -1,4 +1,4 @@
--- materialized: table
+-- materialized: view
 -- Per run: the waste budget as columns (ms per step), in time order, for trend charts.
 SELECT
     w.run_id, w.workload, w.label, m.created_at, m.step_time_s, m.throughput_per_s, m.unit,

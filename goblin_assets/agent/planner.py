@@ -215,7 +215,7 @@ class OfflinePlanner:
             if changes:
                 out.append("Change in your file: " + "; ".join(changes) + " (the diff is in the report).")
         wb, wp = r.get("benchmark:whatif", {}), r.get("propose_patch:whatif", {})
-        if wb.get("ok"):
+        if wb.get("ok") and wb.get("status") != "not_observable":   # a replay's what-if benchmarks nothing
             (fld, value), = wb["overrides"].items()
             vs = wb.get("vs_original")
             rel = (f" ({vs['as_is']:.2f}x and {vs['with_patch']:.2f}x your original)" if vs else "")

@@ -17,7 +17,7 @@ from dagster_pandera import pandera_schema_to_dagster_type
 from goblin_assets import workloads_root
 from goblin_assets.audit.session import AuditSession
 from goblin_assets.contracts import BenchmarkResult, ConfigDict, Patch, RuleMatch, RunMetrics
-from goblin_assets.defs.automation import REAUDIT, rocm_image
+from goblin_assets.defs.automation import BUILD_WHEN_MISSING, REAUDIT, rocm_image
 from goblin_assets.defs.checks import (
     check_specs,
     kb_corpus_recall,
@@ -163,7 +163,7 @@ def mined_patterns(context: dg.AssetExecutionContext, workload_source: Workload,
 
 
 @dg.asset(group_name="kb", code_version="kb-v1", kinds={"yaml"}, check_specs=check_specs("kb_rules"),
-          dagster_type=value_type(KnowledgeBase))
+          dagster_type=value_type(KnowledgeBase), automation_condition=BUILD_WHEN_MISSING)
 def kb_rules(context: dg.AssetExecutionContext):
     """The hand-written, cited rules of the packaged KB (kb/rocm_rules.yaml), validated (versioned by content hash)."""
     kb = load_kb()
@@ -174,7 +174,8 @@ def kb_rules(context: dg.AssetExecutionContext):
         "rules": len(kb.rules), "sha256": kb.sha256, "per_category": dg.MetadataValue.json(counts)})
 
 
-@dg.asset(group_name="kb", code_version="kb-index-v2", pool=POOL, kinds={"duckdb"})
+@dg.asset(group_name="kb", code_version="kb-index-v2", pool=POOL, kinds={"duckdb"},
+          automation_condition=BUILD_WHEN_MISSING)
 def kb_index(context: dg.AssetExecutionContext, kb_rules: KnowledgeBase, warehouse: WarehouseResource) -> KBIndex:
     """Embeddings of every rule's symptom and fix (packaged all-MiniLM-L6-v2), cached in `kb_embeddings` per KB content hash."""
     from goblin_assets.kb.retrieval import embedding_frame
@@ -296,3 +297,13 @@ def audit_report(context: dg.AssetExecutionContext, profile_run: RunMetrics,
 
 AUDIT_ASSETS = [rocm_image, workload_source, training_config, profile_run, waste_budget, tensor_sketches, mined_patterns,
                 kb_rules, kb_index, kb_matches, patch, benchmarks, audit_report]
+
+#: The stages of one workload's audit: every asset above partitioned by workload (the knowledge base,
+#: unpartitioned, is upstream of them and built once: BUILD_WHEN_MISSING).
+AUDIT_STAGES = [a for a in AUDIT_ASSETS if isinstance(a, dg.AssetsDefinition) and a.partitions_def == workloads_partitions]
+
+audit_workload_job = dg.define_asset_job(
+    "audit_workload", selection=dg.AssetSelection.assets(*AUDIT_STAGES),
+    description="Audit one workload: pick its partition (its folder under workloads/, or under $GOBLIN_WORKLOADS; "
+                "the workload_folders_sensor adds a partition for each new folder) and launch. Runs every stage "
+                "once: parse, profile, waste budget, sketches, rules, patch, benchmark, report.")

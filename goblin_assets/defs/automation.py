@@ -27,6 +27,14 @@ with warnings.catch_warnings():
 #: Assets that re-run when an upstream (ultimately ``rocm_image``) gets a new version.
 REAUDIT = dg.AutomationCondition.eager()
 
+_AC = dg.AutomationCondition
+#: The knowledge base (unpartitioned, upstream of every audit) is built when it is missing: on the first
+#: tick of a fresh instance (``initial_evaluation``; Dagster's ``on_missing`` skips what is missing then)
+#: or once it goes missing again.  So the ``audit_workload`` job can run from a fresh ``make ui``.  A
+#: failed build is not retried every tick (materialize the ``kb`` group by hand then).
+BUILD_WHEN_MISSING = (_AC.missing() & (_AC.initial_evaluation() | _AC.missing().newly_true())
+                      & ~_AC.any_deps_missing() & ~_AC.in_progress()).with_label("built when missing")
+
 observe_rocm_image_job = dg.define_asset_job("observe_rocm_image", selection=[rocm_image])
 
 observe_rocm_image_daily = dg.ScheduleDefinition(

@@ -1,6 +1,4 @@
 """One asset per SQL model in ``dbt_like_sql/``, with upstream assets read from its SQL."""
-import hashlib
-
 import dagster as dg
 
 from goblin_assets.defs.resources import POOL, WarehouseResource
@@ -48,7 +46,7 @@ def _deps(model: SqlModel, names: set[str]) -> list[dg.AssetKey]:
 def _sql_asset(model: SqlModel, names: set[str]) -> dg.AssetsDefinition:
     @dg.asset(name=model.name, group_name=f"sql_{model.layer}", deps=_deps(model, names), pool=POOL,
               kinds={"duckdb", "sql"}, description=model.description or f"{model.materialized} from {model.path.name}",
-              code_version=hashlib.sha256(model.sql.encode()).hexdigest()[:12], metadata={"path": dg.MetadataValue.path(str(model.path))})
+              code_version=model.version, metadata={"path": dg.MetadataValue.path(str(model.path))})
     def _build(context: dg.AssetExecutionContext, warehouse: WarehouseResource) -> dg.MaterializeResult:
         with warehouse.connection() as con:
             rows = build_model(con, model)

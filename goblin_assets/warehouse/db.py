@@ -24,6 +24,7 @@ from goblin_assets import warehouse_path
 from goblin_assets.errors import WarehouseError
 from goblin_assets.settings import WarehouseSettings
 from goblin_assets.warehouse import storage
+from goblin_assets.warehouse.sql_models import ensure_views
 from goblin_assets.warehouse.tables import (
     ADDED_COLUMNS, RENAMED_COLUMNS, TABLES, column_type, ddl, dtypes, relax_not_null, schema,
 )
@@ -210,12 +211,16 @@ def ensure_tables(con: duckdb.DuckDBPyConnection) -> None:
     A table stored in another layout (:data:`goblin_assets.warehouse.storage.STORED_AS`: ``sketches``
     as per-tensor lists in ``sketch_stats``) gets its physical table and the view under its own name;
     a warehouse that still has it as a physical tidy table is migrated in place, rows kept
-    (:func:`goblin_assets.warehouse.storage.migrate`).
+    (:func:`goblin_assets.warehouse.storage.migrate`).  Then every SQL model that is a view
+    (``dbt_like_sql/``) is created where missing or built from older SQL
+    (:func:`goblin_assets.warehouse.sql_models.ensure_views`), so the models summarising audits read
+    the rows of every audit as soon as they are written.
 
     Raises
     ------
     WarehouseError
-        The migration of an old tidy table failed (rolled back: the old table is left as it was).
+        The migration of an old tidy table failed (rolled back: the old table is left as it was), or
+        DuckDB rejected a view model's SQL.
     """
     kinds = dict(con.execute("SELECT table_name, table_type FROM information_schema.tables "
                              "WHERE table_schema = current_schema() AND table_catalog = current_database()").fetchall())
@@ -256,6 +261,7 @@ def ensure_tables(con: duckdb.DuckDBPyConnection) -> None:
                 con.execute(storage.physical_ddl(phys))
             if t not in kinds:
                 con.execute(storage.view_sql(t))
+    ensure_views(con, kinds)
 
 
 def validate(table: str, df: pd.DataFrame) -> pd.DataFrame:

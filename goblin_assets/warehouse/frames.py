@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 
 import numpy as np
@@ -161,3 +161,18 @@ def audit_frame(audit_id: str, workload: str, profile_run_id: str, patched_run_i
         **{f"speedup_{k}": getattr(iv, k, None) if iv else None
            for k in ("pairs_faster", "pairs_slower", "sign_test_p", "budget_s", "elapsed_s")},
     }])
+
+
+def join_frames(parts: Iterable[dict[str, pd.DataFrame]]) -> dict[str, pd.DataFrame]:
+    """Several writers' frames (``table -> frame`` each: stages, audits) joined table by table, for one write.
+
+    Frames of one table are joined as records, so that a column that is empty in one of them (a None
+    field) never decides the joined column's dtype; a table with one frame keeps it as it is.  Columns
+    are the first frame's (every frame of a table has the table's columns).
+    """
+    out: dict[str, list[pd.DataFrame]] = {}
+    for part in parts:
+        for table, df in part.items():
+            out.setdefault(table, []).append(df)
+    return {t: dfs[0] if len(dfs) == 1 else pd.DataFrame([r for d in dfs for r in d.to_dict("records")],
+                                                         columns=dfs[0].columns) for t, dfs in out.items()}

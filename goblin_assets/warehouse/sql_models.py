@@ -2,13 +2,19 @@
 
 Each ``.sql`` file under ``staging/`` or ``marts/`` is one model named after the
 file.  A header comment ``-- materialized: view`` or ``-- materialized: table``
-says how it is built.  Its upstream tables are read from the SQL itself with
+says how it is built.  A view is always current: the warehouse creates every view model when it
+opens for writing (:func:`ensure_views`, called by :func:`goblin_assets.warehouse.db.ensure_tables`), so
+rows an audit writes show in the models at once, whichever front door wrote them; a ``table`` is a
+snapshot, rebuilt only when its Dagster asset is materialized, so models over audit tables are views
+(tests/test_sql_models.py checks it).  Its upstream tables are read from the SQL itself with
 sqlglot (every table referenced, minus the query's own CTE names), never from
 a hand-written list.  The files ship as package data and are read through
 ``importlib.resources``, so an installed wheel finds them from any directory.
 """
 from __future__ import annotations
 
+import functools
+import hashlib
 import re
 from dataclasses import dataclass
 from importlib.resources import files
@@ -37,6 +43,16 @@ class SqlModel:
     sql: str
     upstream: tuple[str, ...]
     description: str
+
+    @property
+    def version(self) -> str:
+        """The first 12 hex digits of the SQL's sha256: the Dagster asset's code version, and the view's comment."""
+        return hashlib.sha256(self.sql.encode()).hexdigest()[:12]
+
+    @property
+    def comment(self) -> str:
+        """The comment a built view carries: says which SQL it was built from (:func:`ensure_views`)."""
+        return f"goblin model {self.version}"
 
 
 def upstream_tables(sql: str, file: str = "<sql>") -> tuple[str, ...]:
@@ -103,6 +119,21 @@ def load_models(root: Traversable = SQL_ROOT) -> list[SqlModel]:
     return order
 
 
+@functools.cache
+def packaged_models() -> tuple[SqlModel, ...]:
+    """:func:`load_models` of the packaged models, read and parsed once per process."""
+    return tuple(load_models())
+
+
+def _create(con: duckdb.DuckDBPyConnection, model: SqlModel) -> None:
+    body = model.sql.strip().rstrip(";")
+    if model.materialized == "view":
+        con.execute(f'CREATE OR REPLACE VIEW "{model.name}" AS {body}')
+        con.execute(f"""COMMENT ON VIEW "{model.name}" IS '{model.comment}'""")
+    else:
+        con.execute(f'CREATE OR REPLACE TABLE "{model.name}" AS {body}')
+
+
 def build_model(con: duckdb.DuckDBPyConnection, model: SqlModel) -> int:
     """``CREATE OR REPLACE`` the model's view or table; returns its row count.
 
@@ -111,10 +142,42 @@ def build_model(con: duckdb.DuckDBPyConnection, model: SqlModel) -> int:
     WarehouseError
         DuckDB rejected the SQL (message names the file).
     """
-    body = model.sql.strip().rstrip(";")
-    kind = "VIEW" if model.materialized == "view" else "TABLE"
     try:
-        con.execute(f'CREATE OR REPLACE {kind} "{model.name}" AS {body}')
+        _create(con, model)
         return int(con.execute(f'SELECT count(*) FROM "{model.name}"').fetchone()[0])
     except duckdb.Error as exc:
         raise WarehouseError(f"{model.path}: {exc}") from None
+
+
+def ensure_views(con: duckdb.DuckDBPyConnection, kinds: dict[str, str],
+                 models: tuple[SqlModel, ...] | None = None) -> list[str]:
+    """Create every view model that is missing or stale; the names created, in dependency order.
+
+    ``kinds`` maps the relations in the current schema to ``BASE TABLE`` or ``VIEW`` (as
+    ``information_schema.tables`` says, read before the call); ``models`` defaults to
+    :func:`packaged_models`.  A view is stale when its comment names other SQL than the file's
+    (:attr:`SqlModel.comment`: the SQL changed since it was built); a *table* under a view model's
+    name (a mart built as a table before it became a view) is dropped and replaced: its rows are
+    derived, nothing is lost.  The tables the views read must exist.
+
+    Raises
+    ------
+    WarehouseError
+        DuckDB rejected a model's SQL (message names the file).
+    """
+    views = [m for m in (packaged_models() if models is None else models) if m.materialized == "view"]
+    comments = dict(con.execute(
+        "SELECT view_name, comment FROM duckdb_views() WHERE NOT internal AND schema_name = current_schema() "
+        "AND database_name = current_database()").fetchall())
+    made = []
+    for m in views:
+        if kinds.get(m.name) == "VIEW" and comments.get(m.name) == m.comment:
+            continue
+        try:
+            if kinds.get(m.name) == "BASE TABLE":
+                con.execute(f'DROP TABLE "{m.name}"')
+            _create(con, m)
+        except duckdb.Error as exc:
+            raise WarehouseError(f"{m.path}: {exc}") from None
+        made.append(m.name)
+    return made
