@@ -394,13 +394,14 @@ def test_agent_states_the_speedup_as_the_report_prints_it(speedup):
     from types import SimpleNamespace
 
     from goblin_assets.agent.tools import report_summary
+    from goblin_assets.report.verdict import audit_verdict
 
     rep = SimpleNamespace(measured_speedup=speedup, predicted_low=1.1, predicted_high=1.5, confidence=0.7,
                           baseline_throughput=780.8, patched_throughput=1096.8, throughput_unit="samples/s",
                           cache_hits=[], buckets=[], applied=[], workload="digits_mlp", model="MLP", device="cpu",
                           accelerator_version="none (CPU)", torch_version="2.13.0", batch_shape="batch_size=64")
     s = SimpleNamespace(audit_report=lambda: rep, patch=lambda: SimpleNamespace(applied=[]), overrides=None,
-                        report_path=None)
+                        report_path=None, verdict=lambda: audit_verdict(interval=getattr(rep, "measured_interval", None)))
     summary = report_summary(s)
     planner = OfflinePlanner()
     planner.results = {"compare_runs": {"ok": True, **summary}}
@@ -411,6 +412,7 @@ def test_a_speedup_whose_interval_holds_1_is_no_significant_change():
     from types import SimpleNamespace
 
     from goblin_assets.agent.tools import report_summary
+    from goblin_assets.report.verdict import audit_verdict
     from goblin_assets.measure.benchmark import SpeedupInterval
 
     iv = SpeedupInterval(point=1.04, low=0.93, high=1.16, pairs=3, paired=True, method="t", verdict="no significant change")
@@ -419,7 +421,7 @@ def test_a_speedup_whose_interval_holds_1_is_no_significant_change():
                           cache_hits=[], buckets=[], applied=[], workload="w", model="m", device="cpu",
                           accelerator_version="none (CPU)", torch_version="2.13.0", batch_shape="batch_size=64")
     s = SimpleNamespace(audit_report=lambda: rep, patch=lambda: SimpleNamespace(applied=[]), overrides=None,
-                        report_path=None)
+                        report_path=None, verdict=lambda: audit_verdict(interval=getattr(rep, "measured_interval", None)))
     planner = OfflinePlanner()
     planner.results = {"compare_runs": {"ok": True, **report_summary(s)}}
     assert planner.final_text().startswith("No significant change: 1.04x (95% interval 0.93x-1.16x)")

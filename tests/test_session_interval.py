@@ -16,6 +16,7 @@ from tests.conftest import WORKLOADS
 from tests.test_report_html import _run
 
 RULE = "data.loader_workers_with_threads"
+DIFF = "--- a/train.py\n+++ b/train.py\n@@ -1 +1 @@\n-num_workers = 0\n+num_workers = 2\n"
 
 
 def _bench(label: str, values: list[float], m) -> BenchmarkResult:
@@ -40,21 +41,22 @@ def _session(tmp_path, patched: list[float], history=None, diff: str = "") -> Au
 
 
 def test_a_noop_patch_reads_no_significant_change_in_json_report_and_row(goblin_home, tmp_path):
-    s = _session(tmp_path, [505.0, 470.0, 520.0, 490.0])             # ratios around 1.0: nothing changed
+    s = _session(tmp_path, [505.0, 470.0, 520.0, 490.0], diff=DIFF)  # ratios around 1.0: nothing changed
     out = s.to_json()
     iv = out["measured_speedup_interval"]
     assert iv["verdict"] == "no significant change" and iv["low"] < 1.0 < iv["high"]
     assert iv["level"] == 0.95 and iv["looks"] == 2 and iv["pairs"] == 4 and iv["paired"]
     assert out["measured_speedup"] == pytest.approx(iv["point"])
     text = s.report_path.read_text()
-    assert "Measured speedup: no significant change" in text and "faster" not in text.split("\n")[2]
+    line = next(ln for ln in text.split("\n") if ln.startswith("**Measured speedup"))
+    assert "Measured speedup: no significant change" in line and "faster" not in line
     row = validate("audits", s.rows("audit_report")["audits"]).iloc[0]
     assert row.speedup_verdict == "no significant change" and row.speedup_pairs == 4
     assert (row.speedup_low, row.speedup_high) == (pytest.approx(iv["low"]), pytest.approx(iv["high"]))
     assert (row.speedup_pairs_faster, row.speedup_pairs_slower) == (iv["pairs_faster"], iv["pairs_slower"]) == (2, 2)
     assert row.speedup_sign_test_p == iv["sign_test_p"] == 1.0
     assert (row.speedup_budget_s, row.speedup_elapsed_s) == (120.0, 100.0)
-    assert "4 pairs in 100 s of a 120 s budget" in text.split("\n")[2]
+    assert "4 pairs in 100 s of a 120 s budget" in line
     # no history: the model's prediction, stored as the model's
     assert out["predicted_speedup"] == out["predicted_speedup_model"] == [1.2, 1.4]
     assert out["calibration"]["audits"] == 0 and row.calibration_audits == 0
@@ -76,8 +78,6 @@ def test_history_scales_the_prediction_and_the_row_keeps_the_models(goblin_home,
     # a what-if child keeps the history
     assert s.what_if({"batch_size": 32}).history is history
 
-
-DIFF = "--- a/train.py\n+++ b/train.py\n@@ -1 +1 @@\n-num_workers = 0\n+num_workers = 2\n"
 
 
 def test_a_patch_measured_slower_is_not_offered_and_its_measurement_is_kept(goblin_home, tmp_path):
@@ -116,3 +116,18 @@ def test_an_empty_patch_is_not_benchmarked(goblin_home, tmp_path):
         s.not_observable["benchmarks"]
     v = s.verdict()
     assert v.status == "no patch" and not v.patch_offered
+
+
+def test_no_cache_reaches_the_benchmark(goblin_home, tmp_path, monkeypatch):
+    """``--no-cache`` / ``GOBLIN_RUNNER_BENCH_CACHE=0`` (AuditSettings.bench_cache) is what the session passes on."""
+    from goblin_assets.audit import session as session_module
+    from goblin_assets.settings import AuditSettings
+
+    seen = {}
+    monkeypatch.setattr(session_module, "benchmark", lambda *a, **k: seen.update(k) or {})
+    m = _run(0.01, 0.0, 500.0).model_copy(update={"workload": "digits_mlp", "unit": "samples"})
+    p = Patch(new_config={}, diff=DIFF, target_file="train.py", applied=[])
+    s = AuditSession.open(load_workload(WORKLOADS / "digits_mlp"), settings=AuditSettings(bench_cache=False),
+                          out_dir=tmp_path / "out", training_config=ConfigDict(batch_size=64), profile_run=m, patch=p)
+    s.benchmarks()
+    assert seen["use_cache"] is False

@@ -487,7 +487,8 @@ class AuditSession:
                             "env": p.env, "unset_env": p.unset_env},
             }
             return benchmark(self.workload, self.runner, arms, steps=s.bench_steps, repeats=s.bench_repeats,
-                             warmup=s.warmup_steps, budget_s=s.bench_budget_s, log=self.log)
+                             warmup=s.warmup_steps, budget_s=s.bench_budget_s, log=self.log,
+                             use_cache=s.bench_cache)
         return self._memo("benchmarks", bench)
 
     def _no_change(self) -> str | None:
