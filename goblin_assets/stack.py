@@ -187,6 +187,18 @@ class Stack:
         shutil.copyfile(DEPLOY / "celery.yaml", self.root / "celery.yaml")
         (self.root / "lake").mkdir()
 
+    def init_instance(self, timeout: float = 120.0) -> None:
+        """Create the instance's tables in PostgreSQL once (``dagster instance migrate``), before any worker.
+
+        Every worker otherwise creates them at its start, and two workers doing so at once race on the
+        same ``CREATE TABLE`` (a unique violation on PostgreSQL's catalog that kills one of them).
+        Raises StackError with the command's output.
+        """
+        proc = subprocess.run(dagster_cli(self.env(), "instance", "migrate"), env=self.env(), capture_output=True,
+                              text=True, timeout=timeout)
+        if proc.returncode != 0:
+            raise StackError(f"dagster instance migrate failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
+
     def start_workers(self, n: int, concurrency: int = 1) -> None:
         """``n`` worker processes (``dagster-celery worker start``), each running ``concurrency`` steps at a time.
 
@@ -274,6 +286,7 @@ def start(workers: int = 2, root: Path | None = None, concurrency: int = 1) -> S
         s.start_postgres()
         s.start_redis()
         s.write_config()
+        s.init_instance()
         if workers:
             s.start_workers(workers, concurrency)
     except BaseException:

@@ -36,7 +36,9 @@ SETTINGS = AuditSettings(bench_budget_s=12, profiled_steps=3, bench_steps=8, ben
 PROFILED = ("buckets", "metrics", "before_step_time_s", "after_step_time_s", "predicted_low", "predicted_high",
             "confidence", "evidence_coverage", "rule_consistency", "consistency_notes", "warnings", "provenance",
             "created_at", "cache_hits", "profiled_speedup", "reconciliation", "calibration", "signals",
-            "tensor_markdown", "tensor_html")
+            "tensor_markdown", "tensor_html",
+            # the interval and the verdict say "replayed from the cache" for the second audit's benchmark
+            "measured_interval", "verdict")
 
 
 def _headline(rep) -> str:
@@ -94,6 +96,8 @@ def test_goblin_chat_offline_matches_the_pipeline_report(pipeline_audit, capsys,
         assert s.benchmarks()[arm].cache_key == res.benchmarks()[arm].cache_key
     rep, res_rep = s.audit_report(), res.audit_report()
     assert rep.measured_speedup == res_rep.measured_speedup and rep.cache_hits == ["baseline", "patched"]
+    assert rep.measured_interval.cache_hit and (rep.measured_interval.low, rep.measured_interval.high) == (
+        res_rep.measured_interval.low, res_rep.measured_interval.high)
     # the report text is the first audit's, once the fields of the profiled runs are the pipeline's too
     assert final["report_markdown"] == render_markdown(rep, "report.png")
     same = rep.model_copy(update={

@@ -166,7 +166,7 @@ def report_summary(s: AuditSession) -> dict[str, Any]:
     rep = s.audit_report()
     applied = [{"rule": a.rule_id, "predicted_share_of_step": _r(a.predicted_recovery, 3),
                 "source": f"{a.citation.title}, {a.citation.section}"} for a in s.patch().applied]
-    verdict = {"verdict": s.verdict().headline, "healthy": s.verdict().healthy,
+    verdict = {"audit_verdict": s.verdict().headline, "healthy": s.verdict().healthy,
                "patch_offered": s.verdict().patch_offered}  # what matters most, first
     if isinstance(rep, ReplayReport):
         return {**verdict, **_not_observable(s, "benchmarks"), "measured_speedup": None, "provenance": rep.provenance,
