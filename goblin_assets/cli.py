@@ -65,7 +65,8 @@ def _plain_summary(s, html_path) -> list[str]:
         p = s.patch()
         lines.append(f"rules: {', '.join(a.rule_id for a in p.applied) or 'none'}"
                      + (f"; not applied: {len(p.dropped)}" if p.dropped else ""))
-        lines.append("patch: " + (str(s.out_dir / "patch.diff") if v.patch_offered and (s.out_dir / "patch.diff").is_file()
+        diff = s.out_dir / "patch.diff"
+        lines.append("patch: " + (str(diff) if v.patch_offered and diff.is_file()
                                   else "none offered" + (f" ({v.not_recommended})" if v.not_recommended else "")))
     lines.append(f"report: {s.report_path}" + (f" (HTML: {html_path})" if html_path else ""))
     return lines

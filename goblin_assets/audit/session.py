@@ -672,14 +672,8 @@ class AuditSession:
 
     def frames(self) -> dict[str, pd.DataFrame]:
         """All warehouse rows of the audit, by table (what ``goblin audit`` writes in one transaction)."""
-        out: dict[str, list[pd.DataFrame]] = {}
-        for stage in (*STAGES[:9], "audit_report"):
-            for table, df in self.rows(stage).items():
-                out.setdefault(table, []).append(df)
-        # several stages write small frames of one table (runs, kernels, waste_budget): joined as records, so
-        # that a column empty in one of them (a None field) never decides the joined column's dtype
-        return {t: dfs[0] if len(dfs) == 1 else pd.DataFrame([r for d in dfs for r in d.to_dict("records")],
-                                                             columns=dfs[0].columns) for t, dfs in out.items()}
+        # several stages write small frames of one table (runs, kernels, waste_budget): F.join_frames joins them
+        return F.join_frames(self.rows(stage) for stage in (*STAGES[:9], "audit_report"))
 
     def to_json(self) -> dict[str, Any]:
         """The ``goblin audit --json`` object (keys are a contract: extend, never rename).

@@ -293,8 +293,9 @@ def replay_report(before: RunMetrics, patch: Patch, config: ConfigDict, model: s
                 f"runs nothing. Predicted {cal.low:.2f}x–{cal.high:.2f}x (modelled from the {kind} waste budget"
                 f"{', scaled by measured audits' if cal.applied else ''}), confidence {cal.confidence:.2f}. "
                 f"{cal.note()}", ""]
-    out = [*head, *(nonfinite_markdown or []), *rules_markdown(patch.applied, patch.dropped, patch.env, patch.unset_env, list(hazards or []),
-                                  patch.consistency_notes),
+    out = [*head, *(nonfinite_markdown or []),
+           *rules_markdown(patch.applied, patch.dropped, patch.env, patch.unset_env, list(hazards or []),
+                           patch.consistency_notes),
            "", *patch_markdown(redact(patch.diff), verdict, exact_note=False),
            f"## {'Profiled' if kind == 'measured' else 'Recorded'} run ({kind})", "", "| metric | value |", "|---|---|",
            *[f"| {k} | {v} |" for k, v in rows],
