@@ -4,7 +4,9 @@ Hermetic host: the suite never reads this machine's CPU flags, core count or
 accelerators.  ``GOBLIN_HOST_FACTS`` is set here, for the whole session and
 for every child process it starts (workload runs, ``goblin`` subprocesses,
 Dagster step processes), to :data:`TEST_HOST`: a 2-core CPU without bf16
-matrix instructions.  A test that needs another host says so with
+matrix instructions, or with ``GOBLIN_TEST_HOST_KIND=bf16`` a 2-core CPU that
+has them (AMX and AVX-512 BF16: the suite must pass on both kinds, issue 24).
+A test that needs another host says so with
 ``goblin_assets.host.use_host`` (or a HostFacts of its own).  Package versions
 stay the installed ones: the lock file decides them, not the machine.
 """
@@ -28,6 +30,12 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 #: The host every test runs on, whatever the machine is (set before goblin_assets reads it).
 TEST_HOST = {"cores": 2, "online_cpus": 2, "affinity_cpus": 2, "numa_nodes": 1, "amx_bf16": False,
              "avx512_bf16": False, "devices": []}
+#: ``GOBLIN_TEST_HOST_KIND``: ``plain`` (the default, no bf16 matrix instructions) or ``bf16``.
+TEST_HOST_KIND = os.environ.get("GOBLIN_TEST_HOST_KIND", "plain")
+if TEST_HOST_KIND not in ("plain", "bf16"):
+    raise pytest.UsageError(f"GOBLIN_TEST_HOST_KIND={TEST_HOST_KIND!r}: expected 'plain' or 'bf16'")
+if TEST_HOST_KIND == "bf16":
+    TEST_HOST.update(amx_bf16=True, avx512_bf16=True)
 os.environ["GOBLIN_HOST_FACTS"] = json.dumps(TEST_HOST)
 #: Where goblin writes (warehouse, runs, caches) when a test sets nothing else: a private folder for
 #: the session, never the checkout's ``.goblin`` (set before anything captures ``$GOBLIN_HOME``).
