@@ -78,7 +78,7 @@ from goblin_assets.redact import redact
 from goblin_assets.report.compare import AuditReport, compare_runs, hazard_notes
 from goblin_assets.report.html import write_html, write_report
 from goblin_assets.report.markdown import ReplayReport, replay_report
-from goblin_assets.report.verdict import Verdict, audit_verdict
+from goblin_assets.report.verdict import Verdict, audit_verdict, measured_slower
 from goblin_assets.runners.base import Runner
 from goblin_assets.runners.devices import device_facts
 from goblin_assets.runners.factory import make_runner, runner_for
@@ -481,15 +481,72 @@ class AuditSession:
             s, p = self.settings, self.patch()
             self.log(f"benchmarks: at least {s.bench_repeats} alternating repeats of {s.bench_steps} steps, baseline "
                      f"and patched (more within {s.bench_budget_s:g} s until the speedup's interval decides)")
-            arms = {
-                "baseline": {"config": self.training_config().values(), "script": self.workload.script},
-                "patched": {"config": p.new_config, "script": Path(p.patched_file or self.workload.script),
-                            "env": p.env, "unset_env": p.unset_env},
-            }
-            return benchmark(self.workload, self.runner, arms, steps=s.bench_steps, repeats=s.bench_repeats,
-                             warmup=s.warmup_steps, budget_s=s.bench_budget_s, log=self.log,
-                             use_cache=s.bench_cache)
+            return self._isolated(self._benchmark(p, s.bench_budget_s))
         return self._memo("benchmarks", bench)
+
+    def _benchmark(self, p: Patch, budget_s: float | None) -> dict[str, BenchmarkResult]:
+        """Baseline vs the patched program of ``p``: :func:`benchmark` with the session's settings."""
+        s = self.settings
+        arms = {
+            "baseline": {"config": self.training_config().values(), "script": self.workload.script},
+            "patched": {"config": p.new_config, "script": Path(p.patched_file or self.workload.script),
+                        "env": p.env, "unset_env": p.unset_env},
+        }
+        return benchmark(self.workload, self.runner, arms, steps=s.bench_steps, repeats=s.bench_repeats,
+                         warmup=s.warmup_steps, budget_s=budget_s, log=self.log, use_cache=s.bench_cache)
+
+    def _isolated(self, bench: dict[str, BenchmarkResult]) -> dict[str, BenchmarkResult]:
+        """``bench``, or, when a patch of several rules measured slower, the benchmark of its rules that are not.
+
+        Each applied rule is benchmarked alone against the original (the
+        session's budget split between them; :attr:`results` ``rule_isolation``
+        keeps every rule's interval).  The rules measured slower alone
+        (:func:`~goblin_assets.report.verdict.measured_slower`) are the
+        culprits: they are excluded with "not recommended: measured alone ..."
+        and the rest is written, validated and measured again (a single rule
+        left reuses its own measurement).  When every rule, or none, measured
+        slower alone, the whole patch stays as measured (not recommended
+        together).
+        """
+        p = self.patch()
+        try:
+            interval = bench_interval(bench)
+        except (KeyError, ValueError):
+            return bench
+        if len(p.applied) < 2 or p.change_set is None or not measured_slower(interval):
+            return bench
+        applied = [a.rule_id for a in p.applied]
+        cs = ChangeSet.model_validate(p.change_set)
+        budget = self.settings.bench_budget_s / (len(applied) + 1) if self.settings.bench_budget_s else None
+        self.log(f"benchmarks: the patch of {len(applied)} rules measured {interval.headline()}: "
+                 "each rule measured alone to find the slower one")
+        alone: dict[str, tuple[dict[str, BenchmarkResult], Any]] = {}
+        for rid in applied:
+            q = self._written(cs.without({o: "measured alone" for o in applied if o != rid}),
+                              self.out_dir / "isolate" / rid)
+            if not q.applied:
+                continue
+            try:
+                res = self._benchmark(q, budget)
+                alone[rid] = (res, bench_interval(res))
+            except (RunFailed, KeyError, ValueError) as exc:
+                self.log(f"benchmarks: {rid} alone could not be measured ({str(exc).splitlines()[0]})")
+        self.results["rule_isolation"] = [
+            {"rule_id": rid, "interval": iv.model_dump(), "slower": measured_slower(iv)}
+            for rid, (_, iv) in alone.items()]
+        culprits = {rid: f"not recommended: measured alone {iv.headline()}"
+                    for rid, (_, iv) in alone.items() if measured_slower(iv)}
+        kept = [rid for rid in applied if rid not in culprits]
+        if not culprits or not kept:
+            return bench
+        for rid, why in culprits.items():
+            self.log(f"benchmarks: dropped {rid}: {why}")
+        q = self._validated(self._written(cs.without(culprits), self.out_dir))
+        (self.out_dir / "patch.diff").write_text(q.diff, encoding="utf-8")
+        self.results["patch"] = q
+        if [a.rule_id for a in q.applied] == kept and len(kept) == 1 and kept[0] in alone:
+            return alone[kept[0]][0]
+        return self._benchmark(q, budget)
 
     def _no_change(self) -> str | None:
         """Why the patch needs no benchmark (it changes nothing in the program), or None.
@@ -720,6 +777,7 @@ class AuditSession:
                      "cpu_bf16_matmul": self.host.cpu_bf16_matmul, "devices": self.host.devices,
                      "python": getattr(self.runner, "python", None), "packages": self.packages_seen()},
             "patch_validation": self.results.get("patch_validation", []),
+            "rule_isolation": self.results.get("rule_isolation", []),
             "nonfinite": self.nonfinite().to_json() if self.nonfinite() is not None else None,
             "not_observable": dict(self.not_observable),
             "tensor_findings": self.tensor_findings().to_json(),

@@ -252,10 +252,26 @@ def benchmarks(context: dg.AssetExecutionContext, workload_source: Workload, tra
     meta = warehouse.write(s.rows("benchmarks"))
     for lab in ("baseline", "patched"):
         b = bench[lab]
-        yield dg.Output((b, after) if lab == "patched" else b, output_name=f"benchmark_{lab}", metadata={
+        # the patched arm carries the patch it measured: a slower rule isolated here leaves the patch asset's
+        # value behind (AuditSession._isolated), and the report must describe what was measured
+        yield dg.Output((b, after, s.patch()) if lab == "patched" else b, output_name=f"benchmark_{lab}", metadata={
             **meta, "status": "measured", "median_per_s": b.median, "spread_per_s": b.spread,
             "throughputs": dg.MetadataValue.json(b.throughputs), "cache_hit": b.cache_hit})
     yield rows_check("benchmark_baseline", "benchmarks", meta, warehouse)
+
+
+def measured_arms(benchmark_baseline: BenchmarkResult | None, benchmark_patched: tuple | None,
+                  patch: Patch) -> tuple[dict[str, BenchmarkResult] | None, RunMetrics | None, Patch]:
+    """The benchmarks stage's outputs as the session takes them: the arms by label (None when nothing was
+    measured), the patched run, and the patch they measured.
+
+    ``benchmark_patched`` is ``(result, patched run, patch measured)``, ``(None, None)`` when nothing was
+    measured, or ``(result, patched run)`` as materialized before the patch was carried; the patch measured
+    differs from the ``patch`` asset's value when a slower rule was withdrawn (AuditSession._isolated).
+    """
+    bench_p, after, *measured = benchmark_patched if benchmark_patched is not None else (None, None)
+    bench = {"baseline": benchmark_baseline, "patched": bench_p} if benchmark_baseline is not None else None
+    return bench, after, (measured[0] if measured else patch)
 
 
 @dg.asset(group_name="reports", pool=POOL, **_AUTO, **_KW)
@@ -269,8 +285,7 @@ def audit_report(context: dg.AssetExecutionContext, profile_run: RunMetrics,
     ``kb_matches``, ``tensor_sketches`` and ``mined_patterns`` are the upstream assets' values: the report
     step matches and records nothing again (in a fresh step process that would load the embedding model,
     encode the KB and run the workload under the sketch taps once more)."""
-    bench_p, after = benchmark_patched
-    bench = {"baseline": benchmark_baseline, "patched": bench_p} if benchmark_baseline is not None else None
+    bench, after, patch = measured_arms(benchmark_baseline, benchmark_patched, patch)
     s = audit_session(context, workload_source, runner, profile_run=profile_run, benchmarks=bench,
                       patched_run=after, patch=patch, training_config=training_config, kb_matches=kb_matches,
                       tensor_sketches=tensor_sketches, mined_patterns=mined_patterns,

@@ -13,6 +13,7 @@ import html
 import io
 from pathlib import Path
 
+from goblin_assets.measure.benchmark import interval_text
 from goblin_assets.report.compare import AuditReport
 from goblin_assets.report.markdown import (
     ReplayReport,
@@ -70,9 +71,9 @@ def _throughput_axes(ax, rep: AuditReport) -> None:
     if iv is None or iv.low is None or iv.high is None:
         title = f"Throughput: {rep.measured_speedup:.2f}x measured (no interval)"
     elif iv.verdict == "no significant change":
-        title = f"Throughput: no significant change\n({iv.level:.0%} interval {iv.low:.2f}x–{iv.high:.2f}x)"
+        title = f"Throughput: no significant change\n({interval_text(iv)})"
     else:
-        title = f"Throughput: {iv.point:.2f}x measured\n({iv.level:.0%} interval {iv.low:.2f}x–{iv.high:.2f}x)"
+        title = f"Throughput: {iv.point:.2f}x measured\n({interval_text(iv)})"
     ax.set_title(title)
     top = max([hi, *runs[0], *runs[1]])
     ax.set_ylim(0, top * 1.18)          # room for the legend above the predicted range
