@@ -70,7 +70,7 @@ def test_sensor_adds_workload_partitions():
 
 
 @pytest.mark.slow
-def test_materialize_digits_partition_in_process_and_the_cli_agrees(tmp_path, monkeypatch, capsys):
+def test_materialize_digits_partition_in_process_and_the_cli_agrees(tmp_path, monkeypatch, capsys, plain_host):
     """digits_mlp through Dagster, then through ``goblin audit``: same config rows, fired rules and patch.
 
     The benchmark cache key's runner-code hash is pinned: someone editing goblin_assets/runners meanwhile
