@@ -1,0 +1,78 @@
+"""A recording of a failed run is audited like a live failure: exit 0, a report whose diagnosis names its class.
+
+Every ``cached_metrics.json`` with ``ok: false`` in the project's corpora (``workloads/`` and ``tests/data/``) is
+found and audited through ``goblin audit FOLDER --json``; the failure's own lines are the evidence the rules
+match on.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from goblin_assets.cli import main
+from goblin_assets.measure.failure import FAILURE_SIGNALS, diagnose_failure
+from goblin_assets.runners.workload import RECORDING_NAME
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def failed_recordings() -> list[Path]:
+    """Folders of every recording of a failed run in the corpora."""
+    out = []
+    for base in (REPO / "workloads", REPO / "tests" / "data"):
+        for rec in sorted(base.rglob(RECORDING_NAME)):
+            if json.loads(rec.read_text(encoding="utf-8")).get("ok") is False:
+                out.append(rec.parent)
+    return out
+
+
+FAILED = failed_recordings()
+
+
+def test_the_corpora_hold_failed_recordings_of_each_class():
+    classes = {yaml.safe_load((f / "expected_findings.yaml").read_text())["failure_class"] for f in FAILED}
+    assert {"out_of_memory", "invalid_device_function", "hang", "library_error"} <= classes
+
+
+@pytest.mark.parametrize("folder", FAILED, ids=[f.name for f in FAILED])
+def test_a_failed_recording_ends_in_a_report_that_names_its_class(folder, goblin_home, capsys):
+    spec = yaml.safe_load((folder / "expected_findings.yaml").read_text()) if (
+        folder / "expected_findings.yaml").is_file() else {}
+    assert main(["audit", str(folder), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    v, diag = doc["verdict"], doc["failure_diagnosis"]
+    assert v["status"] == "failed" and not v["healthy"] and not v["patch_offered"]
+    assert diag["failure_class"] not in ("unknown", "exit_status")
+    if "failure_class" in spec:
+        assert diag["failure_class"] == spec["failure_class"]
+    assert f"({diag['label']})" in v["headline"]
+    assert set(spec.get("must_fire", [])) <= set(doc["fired_rules"])
+    assert not set(spec.get("must_not_fire", [])) & set(doc["fired_rules"])
+    report = Path(doc["report_path"]).read_text(encoding="utf-8")
+    assert "## Diagnosis" in report and f"class `{diag['failure_class']}`" in report
+    for rid in spec.get("must_fire", []):
+        assert f"**{rid}**" in report
+
+
+def test_each_class_is_named_from_its_own_words():
+    cases = {
+        "train.py: exited with code 1: DefaultCPUAllocator: can't allocate memory: you tried to allocate 8 bytes":
+            "out_of_memory",
+        "RuntimeError: CUDA error: no kernel image is available for execution on the device": "invalid_device_function",
+        "train.py: timed out after 90 s (wall-clock limit)": "hang",
+        "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, ncclSystemError": 
+            "collective_error",
+        "x.py: exited with code 1: ValueError: expected sequence of length 128 at dim 1 (got 97)": "library_error",
+        "x.py: killed by SIGKILL": "killed",
+        "x.py: exited with code 3": "exit_status",
+        "": "unknown",
+    }
+    assert {diagnose_failure(t).failure_class for t in cases} == set(cases.values())
+    for text, cls in cases.items():
+        assert diagnose_failure(text).failure_class == cls, text
+    assert {c for c, _, _ in FAILURE_SIGNALS} <= set(cases.values())
+    d = diagnose_failure("x.py: exited with code 1: ValueError: bad shape")
+    assert (d.exit_status, d.evidence) == (1, "ValueError: bad shape")
