@@ -170,13 +170,14 @@ def test_cli_json_html_warehouse_and_the_dagster_asset(goblin_home, tmp_path, mo
     assert doc["html_path"] == str(html) and "data:image/png;base64," in html.read_text()
     rows = query("SELECT reserved_bytes, oom_request_bytes FROM memory_snapshots WHERE snapshot_id = 'digits_mlp_oom'")
     assert rows.iloc[0].tolist() == [doc["totals"]["reserved_bytes"], 16 * MIB]
+    key = "run1/oom.pickle"  # a partition per file under $GOBLIN_SNAPSHOTS, sub-folders kept in the key
+    (tmp_path / "snaps" / key).parent.mkdir(parents=True)
+    (tmp_path / "snaps" / key).write_bytes(SNAPSHOT.read_bytes())
     monkeypatch.setenv("GOBLIN_SNAPSHOTS", str(tmp_path / "snaps"))
-    (tmp_path / "snaps" / "run1").mkdir(parents=True)
-    (tmp_path / "snaps" / "run1" / "oom.pickle").write_bytes(SNAPSHOT.read_bytes())
-    assert snapshot_names() == ["run1/oom.pickle"]
+    assert snapshot_names() == [key]
     instance = dg.DagsterInstance.ephemeral()
-    instance.add_dynamic_partitions(snapshots_partitions.name, ["run1/oom.pickle"])
-    res = dg.materialize([memory_snapshot], partition_key="run1/oom.pickle", instance=instance,
+    instance.add_dynamic_partitions(snapshots_partitions.name, snapshot_names())
+    res = dg.materialize([memory_snapshot], partition_key=key, instance=instance,
                          resources={"warehouse": warehouse_resource()})
     assert res.success
     meta = res.asset_materializations_for_node("memory_snapshot")[0].metadata

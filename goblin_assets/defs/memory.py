@@ -12,7 +12,7 @@ from pathlib import Path
 import dagster as dg
 
 from goblin_assets import REPO_ROOT
-from goblin_assets.defs.partitions import sync_partitions
+from goblin_assets.defs.partitions import files_under, sync_partitions
 from goblin_assets.defs.resources import POOL, WarehouseResource
 
 snapshots_partitions = dg.DynamicPartitionsDefinition(name="memory_snapshots")
@@ -28,11 +28,7 @@ def snapshots_root() -> Path:
 
 def snapshot_names(root: Path | None = None) -> list[str]:
     """Partition keys: each snapshot file's path under the snapshots root (``oom.pickle``, ``run3/rank0.pickle``)."""
-    root = root or snapshots_root()
-    if not root.is_dir():
-        return []
-    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*")
-                  if p.is_file() and p.name.endswith(SNAPSHOT_SUFFIXES))
+    return files_under(root or snapshots_root(), SNAPSHOT_SUFFIXES)
 
 
 @dg.sensor(minimum_interval_seconds=30, default_status=dg.DefaultSensorStatus.RUNNING)

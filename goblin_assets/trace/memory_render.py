@@ -1,13 +1,12 @@
 """``goblin memory`` output: the self-contained HTML page of a memory snapshot and its warehouse rows."""
 from __future__ import annotations
 
-import io
 from datetime import datetime
 from pathlib import Path
 
 import pandas as pd
 
-from goblin_assets.report.html import _CSS, _e, _img, _plt
+from goblin_assets.report.html import _CSS, _e, _img, _plt, fig_png
 from goblin_assets.trace.memory_snapshot import SnapshotReport, mib
 from goblin_assets.trace.render import _html_table
 
@@ -36,11 +35,7 @@ def _timeline_png(rep: SnapshotReport) -> bytes:
         axes[1].barh(cats["category"] + " (" + cats["category_source"] + ")", cats["bytes"] / 2**20)
     axes[1].set_title("live memory by category")
     axes[1].set_xlabel("MiB")
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100)
-    plt.close(fig)
-    return buf.getvalue()
+    return fig_png(fig)
 
 
 def render_snapshot_html(rep: SnapshotReport) -> str:
