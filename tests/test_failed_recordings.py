@@ -68,9 +68,9 @@ def test_each_class_is_named_from_its_own_words():
         "x.py: exited with code 1: ValueError: expected sequence of length 128 at dim 1 (got 97)": "library_error",
         "x.py: killed by SIGKILL": "killed",
         "x.py: exited with code 3": "exit_status",
+        "train.py: ran out of memory in forward at step 2: an allocation of 1.0 GiB failed": "out_of_memory",
         "": "unknown",
     }
-    assert {diagnose_failure(t).failure_class for t in cases} == set(cases.values())
     for text, cls in cases.items():
         assert diagnose_failure(text).failure_class == cls, text
     assert {c for c, _, _ in FAILURE_SIGNALS} <= set(cases.values())

@@ -26,8 +26,8 @@ def _timeline_png(rep: SnapshotReport) -> bytes:
             axes[0].annotate(f"OOM: {mib(o.request_bytes)} requested", (o.event_index, o.reserved_bytes / 2**20),
                              color="red", ha="right", va="bottom", fontsize=8)
         axes[0].legend(fontsize=8)
-    axes[0].set_title("allocator timeline around the OOM (recorded)" if len(rep.tables["ooms"])
-                      else "allocator timeline (recorded)")
+    axes[0].set_title("allocator timeline around the OOM (from the snapshot)" if len(rep.tables["ooms"])
+                      else "allocator timeline (from the snapshot)")
     axes[0].set_xlabel("trace entry")
     axes[0].set_ylabel("MiB")
     cats = rep.tables["categories"].sort_values("bytes")
