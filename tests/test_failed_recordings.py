@@ -76,3 +76,31 @@ def test_each_class_is_named_from_its_own_words():
     assert {c for c, _, _ in FAILURE_SIGNALS} <= set(cases.values())
     d = diagnose_failure("x.py: exited with code 1: ValueError: bad shape")
     assert (d.exit_status, d.evidence) == (1, "ValueError: bad shape")
+
+
+def test_a_trace_whose_run_left_an_elastic_error_file_is_audited_as_that_failure(goblin_home, tmp_path, capsys):
+    """A recorded trace with TorchElastic's error file beside it (the JSON ``@record`` writes to
+    TORCHELASTIC_ERROR_FILE): the failure is the evidence, the trace gives the steps reached."""
+    import shutil
+
+    trace = tmp_path / "mi250.json.gz"
+    shutil.copy(REPO.parent / "shared" / "traces" / "mi250_minitoy_train_rocm6.2.json.gz", trace)
+    stack = ('Traceback (most recent call last):\n  File "train.py", line 40, in main\n    loss.backward()\n'
+             "torch.OutOfMemoryError: HIP out of memory. Tried to allocate 2.00 GiB.")
+    (tmp_path / "error.json").write_text(json.dumps({"message": {
+        "message": "OutOfMemoryError: HIP out of memory. Tried to allocate 2.00 GiB.",
+        "extraInfo": {"py_callstack": stack, "timestamp": "1733150000"}, "errorCode": 1}}))
+    assert main(["audit", "--trace", str(trace), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    diag = doc["failure_diagnosis"]
+    assert doc["verdict"]["status"] == "failed" and diag["failure_class"] == "out_of_memory"
+    assert "TorchElastic error file error.json, exit code 1" in doc["failure"]
+    assert diag["last_step"] and "memory.out_of_memory_failure" in doc["fired_rules"]
+    report = Path(doc["report_path"]).read_text(encoding="utf-8")
+    assert f"{diag['last_step']} steps completed" in report and "loss.backward()" in report
+    from goblin_assets.runners.replay import load_recording
+    from goblin_assets.trace.workload import trace_workload
+
+    (tmp_path / "error.json").unlink()  # the same trace without it: the recording of a run that succeeded
+    wl, _ = trace_workload(trace)
+    assert load_recording(wl.root / RECORDING_NAME).ok
