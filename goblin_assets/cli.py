@@ -102,7 +102,8 @@ def cmd_audit(args) -> int:
             _print_json({"verdict": v.model_dump(), "audit_id": s.audit_id, "workload": s.workload.name,
                          "failure": s.results["failure"], "report_path": str(s.report_path),
                          "failure_diagnosis": diag.to_json() if diag is not None else None,
-                         "fired_rules": [m.rule_id for m in s.results.get("failure_matches") or [] if m.fired]})
+                         "fired_rules": [m.rule_id for m in s.results.get("failure_matches") or [] if m.fired],
+                         "not_observable": dict(s.not_observable)})
         else:
             out.print("\n".join(_plain_summary(s, None)), highlight=False, markup=False)
         return EXIT_FAIL_ON if _fails_on(v, args.fail_on) else 0

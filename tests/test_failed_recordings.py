@@ -104,3 +104,23 @@ def test_a_trace_whose_run_left_an_elastic_error_file_is_audited_as_that_failure
     (tmp_path / "error.json").unlink()  # the same trace without it: the recording of a run that succeeded
     wl, _ = trace_workload(trace)
     assert load_recording(wl.root / RECORDING_NAME).ok
+
+
+def test_a_memory_snapshot_beside_a_failed_recording_joins_its_report(goblin_home, tmp_path, capsys):
+    """The failure report reads a snapshot in the folder (goblin memory's analysis); a pickle that is not a
+    snapshot is not observable (the reason in the JSON) and the audit still ends in its report."""
+    import shutil
+
+    folder = tmp_path / "oom"
+    shutil.copytree(REPO / "tests" / "data" / "failed_runs" / "lora_vit_6_oom", folder)
+    shutil.copy(REPO / "tests" / "data" / "memory_snapshots" / "digits_mlp_oom.pickle", folder / "oom.pickle")
+    assert main(["audit", str(folder), "--json"]) == 0
+    report = Path(json.loads(capsys.readouterr().out)["report_path"]).read_text(encoding="utf-8")
+    assert "## Memory snapshot (oom.pickle)" in report and "a request of 16.0 MiB failed" in report
+    assert "generated, not recorded on a device" in report
+    (folder / "oom.pickle").write_bytes(b"not a pickle")
+    assert main(["audit", str(folder), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert "## Memory snapshot" not in Path(doc["report_path"]).read_text(encoding="utf-8")
+    assert doc["failure_diagnosis"]["failure_class"] == "out_of_memory"
+    assert "oom.pickle: not a memory snapshot pickle" in doc["not_observable"]["memory_snapshot"]

@@ -264,12 +264,30 @@ class AuditSession:
         lines = ["## Diagnosis", "", f"**{diag.label}** (class `{diag.failure_class}`)"
                  + (f": `{redact(diag.evidence)}`" if diag.evidence else "") + "."
                  + (f" {'; '.join(k for k in known if k)}." if any(known) else ""), ""]
+        lines += self._snapshot_evidence()
         notes = hazard_notes(self.rules(), matches) if matches else []
         if notes:
             lines += ["## Rules that match the failure", ""]
             lines += [f"- **{h.rule_id}** ({h.kind}): {h.text} What to do: {h.action} Source: [{h.title}]({h.url})"
                       for h in notes]
             lines.append("")
+        return lines
+
+    def _snapshot_evidence(self) -> list[str]:
+        """A memory snapshot in the workload's folder (``*.pickle``, ``torch.cuda.memory._dump_snapshot``) read
+        for the failure report (trace/memory_snapshot.py: nothing in it is run); [] when there is none."""
+        from goblin_assets.trace.memory_snapshot import analyze_snapshot
+
+        lines: list[str] = []
+        for path in sorted(self.workload.root.glob("*.pickle"))[:1]:
+            try:
+                rep = analyze_snapshot(path)
+            except GoblinError as exc:
+                self.not_observable["memory_snapshot"] = str(exc)
+                continue
+            self.results["memory_snapshot"] = rep
+            lines += [f"## Memory snapshot ({path.name})", "", *[f"- {d}" for d in rep.diagnosis],
+                      *[f"- {k}: {v}" for k, v in rep.notes.items()], ""]
         return lines
 
     def rules(self) -> KnowledgeBase:
