@@ -69,6 +69,7 @@ from goblin_assets.kb.rules import KnowledgeBase, detect_context, load_kb, local
 from goblin_assets.measure.benchmark import bench_interval, benchmark
 from goblin_assets.measure.calibration import Calibration, calibrate
 from goblin_assets.measure.evidence import NonfiniteEvidence, nonfinite_evidence
+from goblin_assets.measure.failure import diagnose_failure
 from goblin_assets.measure.profile import profile_run, timed_metrics
 from goblin_assets.opscope.tensor_findings import TensorFindings
 from goblin_assets.opscope.tensor_findings import tensor_findings as grade_tensors
@@ -225,6 +226,7 @@ class AuditSession:
                  f"{redact(first)}", "",
                  "Nothing was benchmarked and no rule was applied: a patch is only measured against an original "
                  "that runs. Fix the failure (or audit a configuration that runs) and audit again.", ""]
+        lines += self._failure_evidence(first, m)
         tail = (getattr(m, "stderr_tail", "") or "").strip()
         if tail:
             lines += ["## The end of its stderr", "", "```", redact(tail[-2000:]), "```", ""]
@@ -237,6 +239,56 @@ class AuditSession:
         path.write_text("\n".join(lines) + "\n", encoding="utf-8")
         self.results["report_path"] = path
         return path
+
+    def _failure_evidence(self, first: str, m: RunMetrics | None) -> list[str]:
+        """The failure as evidence: its class (measure/failure.py) and the rules that match on what it printed.
+
+        Sets ``results["failure_diagnosis"]`` (a FailureDiagnosis) and ``results["failure_matches"]`` (every
+        rule checked on the failed run's config, recording, host and failure signals); returns the report's
+        "Diagnosis" section.  A rule check that cannot run is said in :attr:`not_observable` (``failure_rules``).
+        """
+        diag = diagnose_failure(first, getattr(m, "stderr_tail", "") or "", m)
+        self.results["failure_diagnosis"] = diag
+        matches: list[RuleMatch] = []
+        if m is not None:
+            try:
+                failed = m.model_copy(update={"signals": diag.signals})
+                matches = match_rules(self.rules(), detect_context(
+                    self.training_config(), failed, self.host, cores=self.cores(),
+                    patterns=pd.DataFrame(columns=columns("patterns"))))
+            except GoblinError as exc:
+                self.not_observable["failure_rules"] = f"the rules could not be checked on the failure: {exc}"
+        self.results["failure_matches"] = matches
+        known = [f"exit status {diag.exit_status}" if diag.exit_status is not None else "",
+                 f"{diag.last_step} steps completed" if diag.last_step else ""]
+        lines = ["## Diagnosis", "", f"**{diag.label}** (class `{diag.failure_class}`)"
+                 + (f": `{redact(diag.evidence)}`" if diag.evidence else "") + "."
+                 + (f" {'; '.join(k for k in known if k)}." if any(known) else ""), ""]
+        lines += self._snapshot_evidence()
+        notes = hazard_notes(self.rules(), matches) if matches else []
+        if notes:
+            lines += ["## Rules that match the failure", ""]
+            lines += [f"- **{h.rule_id}** ({h.kind}): {h.text} What to do: {h.action} Source: [{h.title}]({h.url})"
+                      for h in notes]
+            lines.append("")
+        return lines
+
+    def _snapshot_evidence(self) -> list[str]:
+        """A memory snapshot in the workload's folder (``*.pickle``, ``torch.cuda.memory._dump_snapshot``) read
+        for the failure report (trace/memory_snapshot.py: nothing in it is run); [] when there is none."""
+        from goblin_assets.trace.memory_snapshot import analyze_snapshot
+
+        lines: list[str] = []
+        for path in sorted(self.workload.root.glob("*.pickle"))[:1]:
+            try:
+                rep = analyze_snapshot(path)
+            except GoblinError as exc:
+                self.not_observable["memory_snapshot"] = str(exc)
+                continue
+            self.results["memory_snapshot"] = rep
+            lines += [f"## Memory snapshot ({path.name})", "", *[f"- {d}" for d in rep.diagnosis],
+                      *[f"- {k}: {v}" for k, v in rep.notes.items()], ""]
+        return lines
 
     def rules(self) -> KnowledgeBase:
         """The knowledge base (loaded on first use).  Raises KBError."""
@@ -622,7 +674,10 @@ class AuditSession:
             if seeded is not None:  # a report computed elsewhere (a Dagster step) carries its verdict
                 return seeded
             if self.results.get("failure"):
-                return audit_verdict(failure=self.results["failure"])
+                diag, fired = self.results.get("failure_diagnosis"), self.results.get("failure_matches") or []
+                return audit_verdict(failure=self.results["failure"],
+                                     failure_class=diag.label if diag is not None else "",
+                                     hazards=hazard_notes(self.rules(), fired) if fired else None)
             before, bench = self.profile_run(), self.benchmarks()
             try:
                 interval = bench_interval(bench) if bench else None

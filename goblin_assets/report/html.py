@@ -80,15 +80,19 @@ def _throughput_axes(ax, rep: AuditReport) -> None:
     ax.legend(fontsize=8, loc="upper left")
 
 
-def _png(draw, rep: AuditReport, size: tuple[float, float]) -> bytes:
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=size)
-    draw(ax, rep)
+def fig_png(fig) -> bytes:
+    """A matplotlib figure as PNG bytes (100 dpi, tight layout); the figure is closed."""
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100)
-    plt.close(fig)
+    _plt().close(fig)
     return buf.getvalue()
+
+
+def _png(draw, rep: AuditReport, size: tuple[float, float]) -> bytes:
+    fig, ax = _plt().subplots(figsize=size)
+    draw(ax, rep)
+    return fig_png(fig)
 
 
 def plot_report(rep: AuditReport, path: Path) -> Path:
