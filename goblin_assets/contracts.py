@@ -205,6 +205,9 @@ class RunMetrics(BaseModel):
     ``nonfinite_params`` those parameters as the harness describes them
     (optimizers hold tensors, not names: place, shape, dtype; empty: none
     was non-finite at the end; measure/evidence.py reads them).
+    ``observed``: the settings the program ran with, as the harness recorded
+    them (``runners.result.ObservedRecord`` dumped; None: a replay or an
+    older recording); :mod:`goblin_assets.config.observed` reads it.
     """
 
     ok: bool = True
@@ -234,6 +237,7 @@ class RunMetrics(BaseModel):
     prefetch_warmup_steps: int | None = None
     dataset_in_memory: bool | None = None
     signals: list[Signal] | None = None
+    observed: dict[str, Any] | None = None
     warnings: list[str] = Field(default_factory=list)
     not_observable: dict[str, str] = Field(default_factory=dict)
     provenance: RunProvenance = Field(default_factory=lambda: RunProvenance(kind="measured"))
