@@ -125,6 +125,8 @@ class ConfigDict(BaseModel):
     source_format: str = ""
     #: How sure the parser is of the file's format and tool (0: unknown, no defaults applied; issue 17).
     format_confidence: float | None = None
+    #: Why the detector read the file as its tool (the signature key, the share of known keys; issue 27).
+    format_reason: str = ""
     provenance: dict[str, Provenance] = Field(default_factory=dict)
     warnings: list[str] = Field(default_factory=list)
     #: Live audits (issue 27): the parsed value and provenance of every field the run's observation replaced,

@@ -87,8 +87,9 @@ def test_patch_refuses_a_line_the_run_does_not_read(override_run):
 def test_parse_json_keeps_its_shape():
     cfg = parse_config(OVERRIDE / "config.yaml")
     doc = config_to_json(cfg)
-    assert set(doc) == {*CONFIG_FIELDS, "source_file", "source_format", "format", "format_confidence", "provenance",
-                        "warnings"}
+    assert set(doc) == {*CONFIG_FIELDS, "source_file", "source_format", "format", "format_confidence", "format_reason",
+                        "provenance", "warnings"}
+    assert "no key is a signature" in doc["format_reason"]
 
 
 def test_digits_every_field_observed(digits_profile):

@@ -625,6 +625,23 @@ def detect_tool_confidence(keys: set[str] | dict[str, Any]) -> tuple[str, float]
     return "unknown", 0.0
 
 
+def detect_tool_reason(keys: set[str] | dict[str, Any]) -> str:
+    """Why :func:`detect_tool_confidence` decided as it did, in one sentence (the key or share that decided)."""
+    for tool, signature in F.TOOL_SIGNATURES:
+        for sig in signature:
+            hit = next((k for k in keys if (k.endswith(sig[1:]) if sig.startswith("*")
+                                             else k == sig or k.startswith(sig + "."))), None)
+            if hit is not None:
+                return f"key {hit!r} is a signature of {F.TOOL_NAMES.get(tool, tool)}"
+    top = {k for k in keys if "." not in k}
+    known = sorted(top & F.HF_ARG_KEYS)
+    if len(known) >= F.HF_MIN_KEYS or (known and len(known) / max(len(top), 1) >= F.HF_MIN_SHARE):
+        return (f"{len(known)} of {len(top)} top-level keys are TrainingArguments fields "
+                f"({', '.join(known[:5])}{', ...' if len(known) > 5 else ''})")
+    return (f"no key is a signature of a tool Goblin knows, and {len(known)} of {len(top)} top-level keys are "
+            "TrainingArguments fields: too few to call it one")
+
+
 @dataclass
 class Mapped:
     """Result of mapping a flat key table through a tool's synonym rows."""

@@ -36,6 +36,7 @@ from goblin_assets.config.mapping import (
     deprecated_keys,
     detect_tool,
     detect_tool_confidence,
+    detect_tool_reason,
     found,
     map_by_name,
     map_entries,
@@ -79,6 +80,7 @@ class _Parsed:
     warnings: list[str] = field(default_factory=list)
     cls: str | None = None
     confidence: float = 1.0
+    reason: str = ""
 
 
 # --------------------------------------------------------------------------- reading
@@ -161,6 +163,18 @@ def detect_format(path: Path, text: str) -> tuple[str, float]:
     return "unknown", F.FORMAT_CONFIDENCE["unknown"]
 
 
+def _format_reason(fmt: str, tool: str, parsed: _Parsed) -> str:
+    """Why the file is read as ``tool`` when the parser set no reason of its own (Python, shell, unknown text)."""
+    if tool == "unknown":
+        return f"a {fmt} file with no construct of a tool Goblin knows: read by key name only, no defaults"
+    what = F.TOOL_NAMES.get(tool, tool)
+    if fmt == "python":
+        return f"a Python script analysed as a {what}" + (f" (it builds {parsed.cls})" if parsed.cls else "")
+    if fmt == "shell":
+        return f"a launch line read as a {what}"
+    return f"read as {what}"
+
+
 # --------------------------------------------------------------------------- format parsers
 
 def _parse_python(text: str, name: str) -> _Parsed:
@@ -184,14 +198,15 @@ def _unknown_why(name: str) -> str:
 
 def _parse_mapping(raws: dict[str, Raw], fmt: str, name: str) -> _Parsed:
     tool, confidence = detect_tool_confidence(raws)
+    reason = detect_tool_reason(raws)
     if tool == "unknown":
         return _Parsed("unknown", fmt, map_by_name(raws, _unknown_why(name)).found, raws,
-                       warnings=[_unknown_why(name)], confidence=0.0)
+                       warnings=[_unknown_why(name)], confidence=0.0, reason=reason)
     mapped = map_entries(tool, raws)
     warnings = []
     if not any(not f.field.startswith("_") for f in mapped.found):
         warnings.append(f"{name}: no known training keys found for {F.TOOL_NAMES.get(tool, tool)}")
-    return _Parsed(tool, fmt, mapped.found, raws, {}, warnings, confidence=confidence)
+    return _Parsed(tool, fmt, mapped.found, raws, {}, warnings, confidence=confidence, reason=reason)
 
 
 def _parse_json(text: str, name: str) -> _Parsed:
@@ -637,6 +652,7 @@ def parse_config(path: str | Path) -> ConfigDict:
         source_file=_source_path(path),
         source_format=f"{fmt}:{tool}",
         format_confidence=0.0 if tool == "unknown" else round(min(confidence, parsed.confidence), 2),
+        format_reason=redact(parsed.reason or _format_reason(fmt, tool, parsed)),
         provenance=provenance,
         warnings=_warnings(parsed, tool, texts, values, name, code),
     )
@@ -651,8 +667,11 @@ def config_to_json(cfg: ConfigDict) -> dict[str, Any]:
     -------
     dict
         Top-level keys: every ConfigDict field of ``CONFIG_FIELDS`` with its
-        value, ``source_file``, ``source_format``, ``provenance`` (field ->
-        ``{file, line, kind, detail, span}``) and ``warnings``.  All strings
+        value, ``source_file``, ``source_format``, ``format`` (the tool),
+        ``format_confidence``, ``format_reason`` (why the detector chose
+        that tool, issue 27), ``provenance`` (field -> ``{file, line, kind,
+        detail, span, key}``; kind ``observed`` only in a live audit's
+        effective config, never from ``goblin parse``) and ``warnings``.  All strings
         pass through :func:`redact`; ``raw_source`` is left out (it is on the
         ConfigDict, already redacted).
     """
@@ -661,6 +680,7 @@ def config_to_json(cfg: ConfigDict) -> dict[str, Any]:
     doc["source_format"] = cfg.source_format
     doc["format"] = cfg.source_format.rsplit(":", 1)[-1]      # the tool; "unknown" when Goblin does not know it
     doc["format_confidence"] = cfg.format_confidence
+    doc["format_reason"] = cfg.format_reason
     doc["provenance"] = {f: p.model_dump() for f, p in cfg.provenance.items()}
     doc["warnings"] = list(cfg.warnings)
     return redact_tree(doc)
