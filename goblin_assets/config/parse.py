@@ -221,8 +221,25 @@ def _parse_toml(text: str, name: str) -> _Parsed:
     return _parse_mapping(flatten_toml(text, name), "toml", name)
 
 
+def _shell_tool(text: str, raws: dict[str, Raw]) -> tuple[str, str] | None:
+    """A launch line of a tool other than the Trainer (fields.SHELL_TOOLS): (tool, why), else None."""
+    for tool, names, keys in F.SHELL_TOOLS:
+        named = next((n for n in names if n in text), None)
+        key = next((k for k in raws for want in keys if k == want or (want.endswith(".") and k.startswith(want))),
+                   None)
+        if named or key:
+            why = f"the line runs {named}" if named else f"flag {key!r} is one only {F.TOOL_NAMES[tool]} takes"
+            return tool, why
+    return None
+
+
 def _parse_shell(text: str, name: str) -> _Parsed:
     raws = scan_text(text, name)
+    other = _shell_tool(text, raws)
+    if other is not None:
+        tool, why = other
+        return _Parsed(tool, "shell", map_entries(tool, raws).found, raws, confidence=F.FORMAT_CONFIDENCE["content"],
+                       reason=f"{why}: read as a {F.TOOL_NAMES[tool]}, with that tool's own defaults only")
     hf_keys = {key for _, key, _, _ in tool_rows("shell")}
     if hf_keys & set(raws):
         return _Parsed("shell", "shell", map_entries("shell", raws).found, raws)
@@ -427,6 +444,19 @@ def _ga_per_gpu(cands: list[Found], total: Found, micro: Found, name: str) -> No
     torchtitan global_batch_size): global // (micro x GPUs), exact when the launch line gives
     the process count, else undetermined with the arithmetic spelled out."""
     gpus = _best(cands, "_gpus")
+    nodes, tp, pp = (_best(cands, k) for k in ("_nodes", "_tp", "_pp"))
+    split = 1
+    for aux in (tp, pp):   # Megatron: data-parallel ranks = processes / (tensor x pipeline parallel)
+        if aux is not None and isinstance(aux.value, int) and aux.value > 0:
+            split *= aux.value
+    if gpus is not None and str(gpus.value).isdigit() and nodes is not None and isinstance(nodes.value, int) \
+            and nodes.value > 1:
+        gpus = found("_gpus", int(gpus.value) * nodes.value, gpus.prov, gpus.rank)
+    if gpus is not None and str(gpus.value).isdigit() and split > 1:
+        if int(gpus.value) % split or int(gpus.value) < split:
+            gpus = None     # the stated parallel sizes do not divide the processes: no data-parallel degree
+        else:
+            gpus = found("_gpus", int(gpus.value) // split, gpus.prov, gpus.rank)
     per_step = f"{total.value} / ({micro.value} x number of GPUs)"
     examples = ", ".join(f"{total.value // (micro.value * n)} on {n} GPU{'s' if n > 1 else ''}"
                          for n in (1, 8) if total.value % (micro.value * n) == 0)
