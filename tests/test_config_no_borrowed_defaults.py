@@ -14,7 +14,8 @@ from tests.test_config_cases import ROOTS, _case_dirs
 _NAMED = {"hf": "transformers", "trl_sft": "TRL", "trl": "TRL", "handbook": "TRL", "axolotl": "axolotl",
           "llamafactory": "LLaMA-Factory", "oumi": "oumi", "torchtitan": "torchtitan", "torchtune": "torchtune",
           "shell": "transformers", "litgpt": "LitGPT", "composer": "Composer", "neox": "GPT-NeoX",
-          "megatron": "Megatron", "fairseq": "fairseq", "lightning": "Lightning", "verl": "verl"}
+          "megatron": "Megatron", "fairseq": "fairseq", "lightning": "Lightning", "verl": "verl",
+          "prime_rl": "prime-rl"}
 
 
 def test_every_value_names_the_file_the_tools_own_default_or_undetermined():

@@ -975,3 +975,25 @@ TOOL_DEFAULTS.update({
     },
     "verl": {},
 })
+
+# prime-rl SFT TOML (src/prime_rl/trainer/sft/config.py BaseDataConfig: micro_batch_size 8, batch_size 128
+# global and divisible by it, seq_len 128; optimizer AdamWConfig by default; read 2026-12)
+TOOL_NAMES["prime_rl"] = "prime-rl trainer TOML"
+READ_ONLY_TOOLS = READ_ONLY_TOOLS | {"prime_rl"}
+TOOL_SIGNATURES.insert(0, ("prime_rl", ("deployment.num_train_gpus", "deployment.num_infer_gpus")))
+_PRIME = "prime-rl SFT config default (src/prime_rl/trainer/sft/config.py)"
+SYNONYMS["prime_rl"] = [
+    ("model_name", "model.name", "str", R_EXPLICIT),
+    ("batch_size", "data.micro_batch_size", "int", R_EXPLICIT),
+    ("_global_batch", "data.batch_size", "int", R_EXPLICIT),
+    ("seq_len", "data.seq_len", "int", R_EXPLICIT),
+    ("lr", "optim.lr", "float", R_EXPLICIT),
+    ("_gpus", "deployment.num_train_gpus", "int", R_EXPLICIT),
+    ("_max_steps", "max_steps", "int", R_EXPLICIT),
+]
+TOOL_DEFAULTS["prime_rl"] = {
+    "batch_size": (8, "default", f"data.micro_batch_size=8: {_PRIME}"),
+    "seq_len": (128, "default", f"data.seq_len=128: {_PRIME}"),
+    "optimizer": ("adamw_torch", "default", f"optim: AdamWConfig: {_PRIME}"),
+}
+GA_PER_GPU_GLOBAL_BATCH = (*GA_PER_GPU_GLOBAL_BATCH, "prime_rl")
