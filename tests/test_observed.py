@@ -104,20 +104,32 @@ def test_digits_every_field_observed(digits_profile):
 
 
 @pytest.mark.slow
-def test_minilm_every_field_observed(tmp_path, monkeypatch):
-    """The shipped Trainer + LoRA workload: every field observed, equal to the Trainer's and adapter's own values."""
+@pytest.mark.parametrize("name,precision", [("tiny_workload", "fp32"), ("fp16_overflow_workload", "fp16")])
+def test_test_workloads_every_field_observed(tmp_path, monkeypatch, name, precision):
+    """The runnable test workloads (half_workload: tests/test_evidence.py, on its audit's run; MiniLM:
+    tests/test_minilm_audit.py): every field observed; batch and accumulation equal the harness's own counts,
+    precision the dtype the stepped parameters really had (``model.half()``: float16, no autocast)."""
     monkeypatch.setenv("GOBLIN_HOME", str(tmp_path))
-    wl = load_workload(WORKLOADS / "minilm_lora_cls")
-    m = profile_run(wl, LocalRunner(timeout_s=600), steps=1, warmup=1)
+    m = profile_run(load_workload(REPO / "tests" / "data" / name), LocalRunner(timeout_s=300), steps=2, warmup=1)
     assert m.ok, m.failure
     obs = {f: v for f, (v, _) in observed_values(m.observed).items()}
     assert set(obs) == set(CONFIG_FIELDS)
+    assert obs["batch_size"] == m.samples_per_step / m.observed["batches_per_step"][-1]
+    assert obs["grad_accum_steps"] == m.observed["backward_per_step"][-1] == 1
+    dtype = {"fp32": "float32", "fp16": "float16"}[precision]
+    assert obs["precision"] == precision and set(m.observed["param_dtypes"]) == {dtype}
+    assert obs["optimizer"] == "sgd" and not m.observed["autocast"]
+
+
+def observed_equals_trainer(m) -> None:
+    """A Trainer + LoRA run's observed fields equal the Trainer's and the adapter's own objects (read in the run);
+    shared with tests/test_minilm_audit.py, which asserts it on its audit's profiled run."""
+    obs = {f: v for f, (v, _) in observed_values(m.observed).items()}
+    assert set(obs) == set(CONFIG_FIELDS)
     ta, ad = m.observed["training_arguments"], m.observed["adapter"]
-    assert obs["batch_size"] == ta["per_device_train_batch_size"] == 8
+    assert obs["batch_size"] == ta["per_device_train_batch_size"] == m.samples_per_step
     assert obs["grad_accum_steps"] == ta["gradient_accumulation_steps"] == 1
-    assert obs["lr"] == ta["learning_rate"] and obs["warmup_steps"] == ta["warmup_steps"] == 10
-    assert obs["lora_rank"] == ad["r"] == 8 and ad["target_modules"] == ["query", "value"]
+    assert obs["lr"] == ta["learning_rate"] and obs["warmup_steps"] == ta["warmup_steps"]
+    assert obs["lora_rank"] == ad["r"] and ad["target_modules"] == ["query", "value"]
     assert obs["seq_len"] == pytest.approx(m.tokens_per_sec / m.samples_per_sec)   # tokens per sample, counted
     assert (obs["attention_impl"], obs["padding"], obs["precision"]) == ("eager", "max_length", "fp32")
-    cfg = effective_config(parse_config(wl.config_file), m.observed)
-    assert not [d for d in cfg.disagreements if d.field != "optimizer"]
