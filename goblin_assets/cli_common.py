@@ -74,9 +74,9 @@ def audit_history():
         return None
 
 
-def open_session(args, with_kb: bool = True, workload=None, **kw):
+def open_session(args, with_kb: bool = True, workload=None, log=None, **kw):
     """The audit session of ``args.path`` (or of ``workload`` when given) with the command's settings and
-    progress on stderr.
+    progress on stderr (or to ``log``, a callable taking one line).
 
     ``with_kb``: load the rules, the warehouse's cached rule embeddings and its audit history (the rules'
     measured record) up front (an audit needs all three).
@@ -90,4 +90,4 @@ def open_session(args, with_kb: bool = True, workload=None, **kw):
     return AuditSession.open(wl, settings=settings_from_args(args), kb=kb,
                              cached_embeddings=cached_embeddings(kb) if kb else None,
                              history=audit_history() if kb else None,
-                             log=lambda s: console.print(f"[dim]{s}[/dim]", highlight=False), **kw)
+                             log=log or (lambda s: console.print(f"[dim]{s}[/dim]", highlight=False)), **kw)
