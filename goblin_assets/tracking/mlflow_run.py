@@ -23,7 +23,7 @@ What is logged (MLflow tracking API: ``log_params``, ``set_tags``,
   ``mfu_pct``, ``mem_peak_gb`` (each of the original; ``patched_*`` of the patched run);
 - artifacts: report.md, report.html, report.png and patch.diff from the
   audit's folder (those that exist), and the profiler traces of the original
-  and patched runs under ``traces/``; text files are uploaded redacted.
+  and patched runs under ``traces/original/`` and ``traces/patched/``; text files are uploaded redacted.
 
 Strings are redacted (goblin_assets/redact.py) before they leave the machine.
 """
@@ -104,9 +104,9 @@ def audit_metrics(s: AuditSession) -> dict[str, float]:
 def audit_artifacts(s: AuditSession) -> list[tuple[Path, str | None]]:
     """(file, artifact folder) pairs: the report files of the audit's folder and the runs' profiler traces."""
     files: list[tuple[Path, str | None]] = [(s.out_dir / n, None) for n in REPORT_FILES if (s.out_dir / n).is_file()]
-    for m in (s.profile_run(), s.patched_run()):
+    for label, m in (("original", s.profile_run()), ("patched", s.patched_run())):
         if m is not None and m.trace_path and Path(m.trace_path).is_file():
-            files.append((Path(m.trace_path), "traces"))
+            files.append((Path(m.trace_path), f"traces/{label}"))
     return files
 
 
