@@ -8,7 +8,7 @@ Each tool here calls what a front door already calls, and nothing else:
   :class:`~goblin_assets.audit.session.AuditSession` per workload, opened as
   ``goblin chat`` opens it (:func:`goblin_assets.cli_common.open_session`) and
   kept while the workload's files are unchanged: a stage runs at most once;
-- ``audit``: :func:`goblin_assets.cli.complete_audit` on a fresh session, as
+- ``audit``: :func:`goblin_assets.cli_common.complete_audit` on a fresh session, as
   ``goblin audit`` runs it (warehouse rows, MLflow run when a tracking URI is set);
 - ``trace``: :func:`goblin_assets.cli_trace.analyse_traces`, as ``goblin trace``.
 
@@ -166,8 +166,7 @@ COSTS: dict[str, str] = {
 
 def _audit(sessions: Sessions):
     def run(arguments: dict[str, Any], log: Log) -> tuple[dict[str, Any], str]:
-        from goblin_assets.cli import complete_audit, failure_json
-        from goblin_assets.cli_common import open_session
+        from goblin_assets.cli_common import complete_audit, failure_json, open_session
 
         s = open_session(sessions.args(arguments), log=log)
         completed, mlflow_run = complete_audit(s, mlflow=sessions.mlflow)
