@@ -120,7 +120,8 @@ def _mlflow_parent(tmp_path: Path) -> tuple[str, str]:
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(tracking_uri=uri)
-    return uri, client.create_run(client.create_experiment("training")).info.run_id
+    exp = client.create_experiment("training", artifact_location=(tmp_path / "mlruns").as_uri())  # not ./mlruns
+    return uri, client.create_run(exp).info.run_id
 
 
 def _check_mlflow_run(out: dict, uri: str, parent: str, dl: Path) -> None:

@@ -5,7 +5,8 @@ tool of ``goblin mcp`` and the Dagster ``audit_report`` step call
 :func:`log_audit` once the audit's report is written.  With
 ``$GOBLIN_MLFLOW_PARENT_RUN_ID`` the run is nested under that run (the
 training run it audited), in that run's experiment; else it goes to the
-experiment ``$GOBLIN_MLFLOW_EXPERIMENT`` (default ``goblin``).
+experiment ``$GOBLIN_MLFLOW_EXPERIMENT`` (default ``goblin``; created with its
+artifacts beside a SQLite store, :func:`artifact_root`).
 
 What is logged (MLflow tracking API: ``log_params``, ``set_tags``,
 ``log_metrics``, ``log_artifact``; https://mlflow.org/docs/latest/ml/tracking/):
@@ -61,6 +62,15 @@ class TrackingError(GoblinError):
 def tracking_uri(explicit: str | None = None) -> str | None:
     """The tracking URI to log to: ``explicit`` (``--mlflow``), else ``$GOBLIN_MLFLOW_TRACKING_URI``, else None."""
     return explicit or os.environ.get(URI_ENV) or None
+
+
+def artifact_root(uri: str) -> str | None:
+    """Where a new experiment's artifacts go: beside a local SQLite store (``<db folder>/mlruns``), else the
+    tracking server's default (None).  MLflow's own default for a SQLite store is ``./mlruns`` of the
+    current directory, which would write into whatever folder the audit was started from."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    return (Path(uri[len("sqlite:///"):]).resolve().parent / "mlruns").as_uri()
 
 
 def audit_params(s: AuditSession) -> tuple[dict[str, str], dict[str, str]]:
@@ -157,7 +167,8 @@ def log_audit(s: AuditSession, uri: str | None = None, parent_run_id: str | None
         else:
             name = os.environ.get(EXPERIMENT_ENV) or "goblin"
             exp = client.get_experiment_by_name(name)
-            exp_id = exp.experiment_id if exp is not None else client.create_experiment(name)
+            exp_id = exp.experiment_id if exp is not None else client.create_experiment(
+                name, artifact_location=artifact_root(uri))
         run = client.create_run(exp_id, tags={k: redact(str(t)) for k, t in tags.items()})
         rid = run.info.run_id
         from mlflow.entities import Metric, Param
