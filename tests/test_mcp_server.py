@@ -147,3 +147,25 @@ def test_mcp_over_http(server_env, expected_config):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def test_tool_errors_are_one_redacted_line_and_bugs_do_not_escape():
+    """In process, no transport: a token in a bad path never reaches the agent, and a bug in a tool is an
+    ``internal error`` result, not an exception out of the server's handler."""
+    from goblin_assets.mcp_server.server import call
+    from goblin_assets.mcp_server.tools import McpTool, Sessions, build_tools
+
+    secret = "ghp_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8"
+    sessions = Sessions()
+    tools = build_tools(sessions)
+    r = call(tools["parse_config"], sessions, {"path": f"/no/{secret}/train.py"}, lambda _: None)
+    assert r.is_error and len(r.content) == 1 and "\n" not in r.content[0].text
+    assert r.content[0].text.startswith("goblin parse_config: error: /no/") and secret not in r.content[0].text
+    r = call(tools["trace"], sessions, {"path": str(REPO / "pyproject.toml"), "extra": 1}, lambda _: None)
+    assert r.is_error and "additional properties" in r.content[0].text.lower()
+
+    def broken(arguments, log):
+        return {}["missing"]
+
+    r = call(McpTool("broken", "", {"type": "object"}, broken, ""), sessions, {}, lambda _: None)
+    assert r.is_error and r.content[0].text == "goblin broken: error: internal error: KeyError: 'missing'"
