@@ -178,8 +178,20 @@ async def serve_stdio(server: Server) -> None:
 
 
 def serve_http(server: Server, port: int) -> None:
-    """Serve streamable HTTP at ``http://127.0.0.1:PORT/mcp`` until interrupted."""
+    """Serve streamable HTTP at ``http://127.0.0.1:PORT/mcp`` until interrupted.
+
+    Raises GoblinError when the port cannot be listened on (in use, out of range, privileged).
+    """
+    import socket
+
     import uvicorn
+
+    try:
+        with socket.socket() as probe:
+            probe.bind((HOST, port))
+    except (OSError, OverflowError) as exc:
+        raise GoblinError(f"{HOST}:{port}: cannot listen there ({getattr(exc, 'strerror', None) or exc}); "
+                          "pick another --port") from None
 
     app = server.streamable_http_app(host=HOST)
     _stderr(f"goblin mcp: serving streamable HTTP on http://{HOST}:{port}/mcp")
