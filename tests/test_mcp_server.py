@@ -169,3 +169,32 @@ def test_tool_errors_are_one_redacted_line_and_bugs_do_not_escape():
 
     r = call(McpTool("broken", "", {"type": "object"}, broken, ""), sessions, {}, lambda _: None)
     assert r.is_error and r.content[0].text == "goblin broken: error: internal error: KeyError: 'missing'"
+
+
+def test_the_memory_tool_reads_a_snapshot_and_refuses_a_malicious_pickle(tmp_path):
+    """``memory`` is ``goblin memory --json`` (the same report), and a pickle that would run code is a tool error."""
+    import pickle
+
+    from goblin_assets.mcp_server.server import call
+    from goblin_assets.mcp_server.tools import Sessions, build_tools
+    from goblin_assets.trace.memory_snapshot import analyze_snapshot
+
+    sessions = Sessions()
+    tool = build_tools(sessions)["memory"]
+    snap = REPO / "tests" / "data" / "memory_snapshots" / "digits_mlp_oom.pickle"
+    lines: list[str] = []
+    r = call(tool, sessions, {"path": str(snap)}, lines.append)
+    assert not r.is_error and r.structured_content == analyze_snapshot(snap).to_json()
+    assert "OOM events" in r.content[0].text and lines
+
+    marker = tmp_path / "ran"
+
+    class Evil:
+        def __reduce__(self):
+            import os
+            return os.system, (f"touch {marker}",)
+
+    bad = tmp_path / "evil.pickle"
+    bad.write_bytes(pickle.dumps(Evil()))
+    r = call(tool, sessions, {"path": str(bad)}, lambda _: None)
+    assert r.is_error and r.content[0].text.startswith("goblin memory: error: ") and not marker.exists()

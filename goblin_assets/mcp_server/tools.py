@@ -18,7 +18,7 @@ content is the JSON the matching command prints: ``goblin audit --json``,
 ``goblin chat --json`` prints (the agent's summary); every string is redacted
 (:func:`goblin_assets.redact.redact_tree`), as for the chat agent.
 
-The memory and fit stages register their tools with :func:`register` (one
+Stages outside the agent's table register their tools with :func:`register` (one
 :class:`McpTool` each) when they land; a tool added to the agent's table
 appears here by itself.
 """
@@ -189,6 +189,17 @@ def _trace(arguments: dict[str, Any], log: Log) -> tuple[dict[str, Any], str]:
         f"{k} {b.seconds * 1e3:.2f} ms ({b.status})" for k, b in wb.items()) + "; nothing was run")
 
 
+def _memory(arguments: dict[str, Any], log: Log) -> tuple[dict[str, Any], str]:
+    from goblin_assets.trace.memory_snapshot import analyze_snapshot, mib
+
+    log(f"memory: reading {arguments['path']} with the restricted unpickler")
+    rep = analyze_snapshot(arguments["path"])
+    t = rep.totals
+    return rep.to_json(), (f"{rep.path.name}: {mib(t['reserved_bytes'])} reserved, {mib(t['allocated_bytes'])} "
+                           f"allocated, {t['oom_events']} OOM events" + (f"; {rep.diagnosis[0]}" if rep.diagnosis
+                                                                          else ""))
+
+
 def _schema(props: dict[str, Any], required: tuple[str, ...] = ("path",)) -> dict[str, Any]:
     return {"type": "object", "properties": props, "required": list(required), "additionalProperties": False}
 
@@ -224,6 +235,12 @@ def build_tools(sessions: Sessions) -> dict[str, McpTool]:
         _schema({"path": {"type": "string", "description": "the trace file"},
                  "compare_to": {"type": "string", "description": "optional: a second trace to diff against"}}),
         _trace, "reads the trace: seconds (HTA on large traces: longer)", long=True))
+    tools.append(McpTool(
+        "memory", "Read a memory snapshot (the pickle torch.cuda.memory._dump_snapshot writes) with a restricted "
+        "unpickler: reserved vs allocated, the largest free block of each segment against the failed request, live "
+        "memory by frame and category, the allocator timeline around the OOM. Returns goblin memory --json.",
+        _schema({"path": {"type": "string", "description": "the snapshot .pickle file"}}),
+        _memory, "reads the file: seconds; nothing is run"))
     for t in EXTRA_TOOLS:
         tools.append(t)
     names = [t.name for t in tools]
