@@ -141,6 +141,9 @@ class HarnessResult(BaseModel):
     step 1; ``"nan"``/``"inf"`` as strings; None where no scalar backward was
     seen), ``grads_missing`` (per step, trainable parameters of the stepped
     optimizers whose ``.grad`` was None at the step) and ``params_trainable``.
+    ``invariants``: the raw measurements of the run-time invariant checks
+    (:mod:`goblin_assets.runners.invariants`, ``profile`` mode only; None otherwise),
+    judged by :mod:`goblin_assets.measure.invariants`.
     Host facts (cores, CPU instruction sets) are not the harness's to report:
     they come from :mod:`goblin_assets.host`.
     """
@@ -177,6 +180,7 @@ class HarnessResult(BaseModel):
     losses: list[float | str | None] = Field(default_factory=list)
     grads_missing: list[int] = Field(default_factory=list)
     params_trainable: int = Field(default=0, ge=0)
+    invariants: dict[str, Any] | None = None
 
     @property
     def trace_path(self) -> Path | None:
