@@ -19,7 +19,8 @@ Thresholds and their sources (docs/sources.md):
 * gradients: more than 1 % of non-zero gradient values below the smallest
   normal of the compute dtype (they are subnormal or flush to zero in it: the
   reason for loss scaling, Micikevicius et al., "Mixed Precision Training",
-  ICLR 2018); a trainable parameter whose gradient is all zeros.
+  ICLR 2018); a trainable parameter whose gradient is all zeros at the checked
+  step and that never changed over the run.
 * updates: update-to-weight ratio below 1e-7 with a learning rate above 0, or
   more than half of the sampled elements with a non-zero gradient not moving
   (a healthy ratio is about 1e-3: CS231n, "Neural Networks Part 3", ratio of
@@ -27,8 +28,9 @@ Thresholds and their sources (docs/sources.md):
 * optimizer state: 16-bit parameters with no fp32 copy, or 16-bit state
   (updates smaller than half an ulp of the weight are lost: Micikevicius et al.
   2018, fp32 master copy of weights).
-* loss: no decrease over at least 8 steps (least-squares slope >= 0 and the
-  last third's mean not below the first third's).
+* loss: no decrease over at least 8 steps at >= 90 % of the run's peak
+  learning rate (least-squares slope >= 0 and the last third's mean not below
+  the first third's).
 * labels: every row's last attended token masked (-100: ``ignore_index`` of
   ``torch.nn.CrossEntropyLoss``) so the end-of-sequence token is never a
   target; all attended positions ignored.
@@ -156,7 +158,10 @@ def _grads(raw: dict) -> list[Invariant]:
                     message=f"{share:.1%} of gradient values are below the smallest normal of "
                             f"{worst['compute_dtype']} (they underflow in it)" if share > 0.01 else "",
                     evidence={"groups": groups}))
-    zero = list(raw.get("zero_grad_params") or [])
+    # an all-zero gradient at one step can be by design (LoRA's A while B is still zero): a finding only for
+    # the parameters that also never changed over the run
+    still = set(raw.get("unchanged_params") or [])
+    zero = [p for p in raw.get("zero_grad_params") or [] if p in still]
     out.append(_inv("grad_all_zero", "fired" if zero else "silent", len(zero), severity="warning", step=step,
                     where=f"parameter {zero[0]}" if zero else "", threshold="a trainable tensor's gradient all zeros",
                     message=f"{len(zero)} trainable parameter(s) got an all-zero gradient at step {step}: "
@@ -211,10 +216,15 @@ def _optimizer(raw: dict) -> Invariant:
     return _inv("optimizer_state_low_precision", "silent", evidence={"optimizers": opts})
 
 
-def _loss(losses: list) -> Invariant:
-    vals = [v for v in losses if isinstance(v, (int, float)) and math.isfinite(v)]
+def _loss(losses: list, lrs: list[float]) -> Invariant:
+    # only the steps at >= 90 % of the run's peak learning rate: during a warm-up the loss need not move
+    peak = max(lrs, default=0.0)
+    start = next((i for i, lr in enumerate(lrs) if lr >= 0.9 * peak), 0) if peak > 0 else 0
+    vals = [v for v in losses[start:] if isinstance(v, (int, float)) and math.isfinite(v)]
     if len(vals) < 8:
-        return _inv("loss_not_decreasing", "not_observable", message=f"{len(vals)} finite losses (needs 8)")
+        why = f"{len(vals)} finite losses at >= 90% of the peak learning rate (needs 8)"
+        return _inv("loss_not_decreasing", "not_observable", message=why + (
+            f"; the learning rate was warming up until step {start + 1}" if start else ""))
     n = len(vals)
     xm = (n - 1) / 2
     ym = statistics.fmean(vals)
@@ -380,7 +390,7 @@ def judge(result: Any, stderr_tail: str = "", cores: int | None = None, online_c
     if not raw:
         return []
     out = [_numerics(raw), *_grads(raw), *_updates(raw), _optimizer(raw),
-           _loss(list(getattr(result, "losses", []) or [])), *_labels(raw),
+           _loss(list(getattr(result, "losses", []) or []), list(raw.get("lrs") or [])), *_labels(raw),
            *_threads(raw, cores, online_cpus), _workers(raw), _shapes(raw), _remedy(result, stderr_tail)]
     return out
 

@@ -40,8 +40,8 @@ all heavy work happens in warm-up steps, outside every timed step):
 * ``workers``: each multi-process DataLoader iterator started (its step,
   workers, ``persistent_workers``) and the seconds from its start to its first
   batch.
-* ``shapes``: per optimizer step the shapes of the batch tensors and the step's
-  wall time (all steps, warm-up included).
+* ``shapes``: per optimizer step the shapes of the batch tensors, the step's
+  wall time and the largest learning rate of its groups (all steps, warm-up included).
 
 ``cost_s`` is the time spent in this module's own code (perf_counter), for the
 budget check (benchmarks/invariants_overhead.py).
@@ -147,6 +147,7 @@ class InvariantRecorder:
         self.workers: list[dict] = []
         self.shapes: list[str] = []
         self.step_times_s: list[float] = []
+        self.lrs: list[float] = []  # per step: the largest learning rate of the stepped optimizer's groups
         self.compute_dtype: str | None = None
         self._cur_shape: list[str] = []
         self._t_step = time.perf_counter()
@@ -347,6 +348,7 @@ class InvariantRecorder:
         t0 = time.perf_counter()
         self.step += 1
         self.step_times_s.append(t0 - self._t_step)
+        self.lrs.append(max((float(g.get("lr", 0.0) or 0.0) for g in optimizer.param_groups), default=0.0))
         self.shapes.append("|".join(self._cur_shape))
         self._cur_shape = []
         if self.step == self.window - 1:
@@ -441,4 +443,4 @@ class InvariantRecorder:
                 "unchanged_params": self.unchanged, "trainable_checked": self.trainable_checked,
                 "optimizer": self.optimizer, "labels": self.labels, "threads": self.threads,
                 "workers": [{k: v for k, v in w.items() if k != "t0"} for w in self.workers],
-                "shapes": self.shapes, "step_times_s": self.step_times_s}
+                "shapes": self.shapes, "step_times_s": self.step_times_s, "lrs": self.lrs}
