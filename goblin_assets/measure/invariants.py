@@ -84,8 +84,8 @@ CHECKS: dict[str, tuple[str, tuple[str, ...]]] = {
     "warning_remedy": ("warnings that name an argument to set and its value", ()),
 }
 
-_REMEDY = re.compile(r"(?:set|pass|use|setting|passing)\s+`?([A-Za-z_][\w.]*)`?\s*(?:=|to)\s*`?([\w.\-]+)`?",
-                     re.IGNORECASE)
+_REMEDY = re.compile(r"\b(?:set|pass|use|setting|passing)\s+[`'\"]?([A-Za-z_][\w.]*)[`'\"]?\s*(?:=|to)\s*"
+                     r"[`'\"]?([\w.\-]+)[`'\"]?", re.IGNORECASE)
 #: Warning-text argument names that are another name of a ConfigDict field.
 _ALIASES = {"num_workers": "dataloader_workers", "dataloader_num_workers": "dataloader_workers",
             "attn_implementation": "attention_impl", "torch_dtype": "precision",
@@ -178,8 +178,8 @@ def _updates(raw: dict) -> list[Invariant]:
     else:
         bad = [u for u in ups if u["lr"] > 0 and (u["update_ratio"] < 1e-7 or (u.get("lost_share") or 0) > 0.5)]
         b = bad[0] if bad else min(ups, key=lambda u: u["update_ratio"])
-        out.append(_inv("update_too_small", "fired" if bad else "silent", b["update_ratio"], severity="error",
-                        step=step, unit="update-to-weight ratio", where=f"param group {b['group']} (lr {b['lr']:.3g})",
+        out.append(_inv("update_too_small", "fired" if bad else "silent", len(bad), severity="error",
+                        step=step, unit="parameter groups whose update is lost", where=f"param group {b['group']} (lr {b['lr']:.3g})",
                         threshold="ratio < 1e-7 or > 50% of updates lost (healthy ~1e-3: CS231n)",
                         message=f"update-to-weight ratio {b['update_ratio']:.3g} and {b.get('lost_share') or 0:.0%} of "
                                 "non-zero-gradient elements did not move: the update is lost" if bad else "",
