@@ -222,11 +222,11 @@ def _leading_count(batch, field, unit: str, mask_field: str | None) -> tuple[int
 
 def load_invariants(window: int):
     """The recorder of run-time invariants (``invariants.py`` beside this file, stdlib + torch only), or None
-    when that file is absent (a harness copied on its own)."""
+    when that file is absent (a harness copied on its own) or ``GOBLIN_INVARIANTS=0`` switches it off."""
     import importlib.util
 
     path = Path(__file__).with_name("invariants.py")
-    if not path.is_file():
+    if not path.is_file() or os.environ.get("GOBLIN_INVARIANTS") == "0":  # off: benchmarks/invariants_overhead.py
         return None
     spec = importlib.util.spec_from_file_location("goblin_invariants", path)
     mod = importlib.util.module_from_spec(spec)
