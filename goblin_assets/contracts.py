@@ -191,15 +191,16 @@ class Invariant(BaseModel):
 
     id: str
     status: Literal["fired", "silent", "not_observable"]
+    evidence: dict[str, Any] = Field(default_factory=dict)
     severity: Literal["info", "warning", "error"] = "info"
+    rules: list[str] = Field(default_factory=list)
     value: float | None = None
+    step: int | None = None
+    # the words: the value's unit, what was found, where, and the bound it was held against
     unit: str = ""
     message: str = ""
     where: str = ""
-    step: int | None = None
-    evidence: dict[str, Any] = Field(default_factory=dict)
     threshold: str = ""
-    rules: list[str] = Field(default_factory=list)
 
 
 class RunMetrics(BaseModel):
