@@ -123,7 +123,6 @@ def test_labels_all_ignored_and_ranks_without_binding_through_the_recorder(monke
     """A completion-only collator that never finds its template masks every label; two ranks on one node,
     each allowed on every CPU, share the cores without binding."""
     rec = recorder.InvariantRecorder(window=1)
-    rec._stop_capture()
     rec.on_batch(None, _batch(torch.full((4, 8), -100)), 0.0)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     rec.begin_measured()
@@ -138,7 +137,6 @@ def test_labels_all_ignored_and_ranks_without_binding_through_the_recorder(monke
     assert got["eos_never_target"].status == "silent"  # nothing is a target at all: the other check's finding
     assert got["ranks_share_cores"].status == "fired" and got["ranks_share_cores"].value == 2
     ok = recorder.InvariantRecorder(window=1)
-    ok._stop_capture()
     ok.on_batch(None, _batch(torch.arange(32).reshape(4, 8)), 0.0)
     Result.invariants = ok.report()
     assert {i.id: i.status for i in judge(Result())}["labels_all_ignored"] == "silent"
@@ -174,3 +172,9 @@ def test_more_loader_workers_do_not_fire_on_cores_the_run_keeps_busy():
 
     assert match_rule(rule, ctx(False)).fired and match_rule(rule, ctx(None)).fired
     assert not match_rule(rule, ctx(True)).fired
+
+
+def test_a_failing_hook_never_breaks_the_users_script():
+    rec = recorder.InvariantRecorder(window=1)
+    assert rec.before_step(object()) is None and rec.after_step(None) is None  # not optimizers: no raise
+    assert len(rec.report()["errors"]) == 2 and "before_step: AttributeError" in rec.errors[0]

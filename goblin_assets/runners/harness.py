@@ -231,7 +231,7 @@ def load_invariants(window: int):
     spec = importlib.util.spec_from_file_location("goblin_invariants", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod.InvariantRecorder(window)
+    return mod.InvariantRecorder(window).install()
 
 
 class Harness:

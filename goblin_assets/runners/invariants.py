@@ -122,6 +122,22 @@ def _cpu_busy() -> tuple[int, int] | None:
         return None
 
 
+def _never_raises(method):
+    """A hook that must not break the user's script: an exception is kept in ``errors`` (first 10), not raised."""
+    import functools
+
+    @functools.wraps(method)
+    def run(self, *a, **kw):
+        try:
+            return method(self, *a, **kw)
+        except Exception as exc:  # noqa: BLE001 - the user's run goes on; the check says what failed
+            if len(self.errors) < 10:
+                self.errors.append(f"{method.__name__}: {type(exc).__name__}: {exc}"[:300])
+            return None
+
+    return run
+
+
 class InvariantRecorder:
     """Raw measurements of one child run for the invariant checks (see the module docstring).
 
@@ -131,6 +147,7 @@ class InvariantRecorder:
 
     def __init__(self, window: int, names_from=None):
         self.window = max(1, int(window))
+        self.errors: list[str] = []  # hooks that failed (never raised into the user's script)
         self.cost_s = 0.0
         self.step = 0
         self.numerics: list[dict] = []
@@ -163,9 +180,14 @@ class InvariantRecorder:
         self._names: dict[int, str] = {}
         self._open_iters: list = []
         self._busy0 = None
+
+    def install(self) -> InvariantRecorder:
+        """Hook into the process (the child harness calls this once): DataLoader worker starts and, for a
+        window of step 1, the forward capture from now on.  Returns the recorder."""
         if self.window == 1:
             self._start_capture()
         self._watch_workers()
+        return self
 
     def _watch_workers(self) -> None:
         """Stamp each multi-process DataLoader iterator's start (its workers start in ``__init__``)."""
@@ -202,6 +224,7 @@ class InvariantRecorder:
             h.remove()
         self._hooks = []
 
+    @_never_raises
     def _pre(self, module, args):
         if self._depth == 0 and self._root is None:
             self._root = module
@@ -212,6 +235,7 @@ class InvariantRecorder:
             if dev is not None:
                 self.compute_dtype = str(torch.get_autocast_dtype(dev))
 
+    @_never_raises
     def _post(self, module, args, output):
         self._depth = max(0, self._depth - 1)
         t0 = time.perf_counter()
@@ -262,6 +286,7 @@ class InvariantRecorder:
         self._captured = []
 
     # -- batches ----------------------------------------------------------------------
+    @_never_raises
     def on_iter(self, it) -> None:
         """A DataLoader iterator's first ``__next__``: a multi-process one started its workers."""
         workers = int(getattr(it, "_num_workers", 0) or 0)
@@ -272,6 +297,7 @@ class InvariantRecorder:
                                  "persistent": bool(getattr(it, "_persistent_workers", False)),
                                  "t0": getattr(it, "_goblin_t0", None)})
 
+    @_never_raises
     def on_batch(self, it, batch, t_call: float) -> None:
         """One batch from a DataLoader: label masking (token-level labels) and the batch's shapes."""
         t0 = time.perf_counter()
@@ -299,6 +325,7 @@ class InvariantRecorder:
         self.cost_s += time.perf_counter() - t0
 
     # -- optimizer steps -----------------------------------------------------------------
+    @_never_raises
     def before_step(self, optimizer) -> None:
         """Before each optimizer step: the first step's samples; the window step's gradients and samples."""
         t0 = time.perf_counter()
@@ -343,6 +370,7 @@ class InvariantRecorder:
                            "zero_share": zeros / n if n else None, "below_normal_share": below / n if n else None,
                            "compute_dtype": str(dtype)})
 
+    @_never_raises
     def after_step(self, optimizer) -> None:
         """After each optimizer step: its shapes and wall time; after the window step, the update and numerics."""
         t0 = time.perf_counter()
@@ -398,6 +426,7 @@ class InvariantRecorder:
                                "state_dtypes": {k: sorted(v) for k, v in sdt.items()}, "master_copy": master})
 
     # -- measured steps: threads and CPU load ---------------------------------------------
+    @_never_raises
     def begin_measured(self) -> None:
         """At the first timed step: threads, CPUs and the launcher's ranks; start the CPU-load window."""
         try:
@@ -410,6 +439,7 @@ class InvariantRecorder:
         self.threads.setdefault("dataloader_workers", 0)
         self._busy0 = (_cpu_busy(), os.times(), time.perf_counter())
 
+    @_never_raises
     def end_measured(self) -> None:
         """At the last timed step: the host's busy share and this process's CPU seconds over the timed steps."""
         if self._busy0 is None:
@@ -423,10 +453,23 @@ class InvariantRecorder:
 
     # -- the end ---------------------------------------------------------------------------
     def report(self) -> dict:
-        """Everything recorded, as plain JSON (``result.json``'s ``invariants``)."""
+        """Everything recorded, as plain JSON (``result.json``'s ``invariants``); ``errors`` names hooks that failed."""
         t0 = time.perf_counter()
         self._stop_capture()
         self.end_measured()
+        self._unchanged()
+        self.cost_s += time.perf_counter() - t0
+        return {"window_step": self.window, "steps": self.step, "cost_s": self.cost_s, "errors": self.errors,
+                "compute_dtype": self.compute_dtype, "numerics": self.numerics,
+                "numerics_skipped": self.numerics_skipped, "grads": self.grads,
+                "zero_grad_params": self.zero_grad_params[:20], "update": self.update,
+                "unchanged_params": self.unchanged, "trainable_checked": self.trainable_checked,
+                "optimizer": self.optimizer, "labels": self.labels, "threads": self.threads,
+                "workers": [{k: v for k, v in w.items() if k != "t0"} for w in self.workers],
+                "shapes": self.shapes, "step_times_s": self.step_times_s, "lrs": self.lrs}
+
+    @_never_raises
+    def _unchanged(self) -> None:
         with torch.no_grad():
             for pid, ref in self._params.items():
                 p = ref()
@@ -435,12 +478,3 @@ class InvariantRecorder:
                 self.trainable_checked += 1
                 if torch.equal(_sample(p), self._first[pid]) and len(self.unchanged) < 20:
                     self.unchanged.append(self._name(p, f"{list(p.shape)} {p.dtype}"))
-        self.cost_s += time.perf_counter() - t0
-        return {"window_step": self.window, "steps": self.step, "cost_s": self.cost_s,
-                "compute_dtype": self.compute_dtype, "numerics": self.numerics,
-                "numerics_skipped": self.numerics_skipped, "grads": self.grads,
-                "zero_grad_params": self.zero_grad_params[:20], "update": self.update,
-                "unchanged_params": self.unchanged, "trainable_checked": self.trainable_checked,
-                "optimizer": self.optimizer, "labels": self.labels, "threads": self.threads,
-                "workers": [{k: v for k, v in w.items() if k != "t0"} for w in self.workers],
-                "shapes": self.shapes, "step_times_s": self.step_times_s, "lrs": self.lrs}
