@@ -58,8 +58,8 @@ def measure(path: Path, steps: int, warmup: int, repeats: int, log=print) -> dic
         for on in (True, False) if i % 2 == 0 else (False, True):
             r = _run(wl, on, steps, warmup)
             runs.append(r)
-            log(f"{wl.name:16s} checks {'on ' if on else 'off'} wall {r['wall_s']:7.2f} s  step {r['step_s'] * 1e3:8.1f} ms"
-                f"  checks {r['check_s']:.3f} s")
+            log(f"{wl.name:16s} checks {'on ' if on else 'off'} wall {r['wall_s']:7.2f} s  "
+                f"step {r['step_s'] * 1e3:8.1f} ms  checks {r['check_s']:.3f} s")
     on = [r for r in runs if r["on"]]
     off = [r for r in runs if not r["on"]]
     return {"workload": wl.name, "steps": steps, "warmup": warmup, "repeats": repeats,

@@ -70,7 +70,8 @@ CHECKS: dict[str, tuple[str, tuple[str, ...]]] = {
                             ("correctness.params_never_change",)),
     "optimizer_state_low_precision": ("16-bit parameters without an fp32 master copy, or 16-bit optimizer state",
                                       ("correctness.low_precision_master_weights",)),
-    "loss_not_decreasing": ("optimizer steps over which the loss did not decrease", ("correctness.loss_not_decreasing",)),
+    "loss_not_decreasing": ("optimizer steps over which the loss did not decrease",
+                            ("correctness.loss_not_decreasing",)),
     "eos_never_target": ("rows whose last attended token (end of sequence) is masked from the loss",
                          ("correctness.eos_masked_as_pad",)),
     "labels_all_ignored": ("share of attended label positions ignored (-100)", ("correctness.labels_all_ignored",)),
@@ -179,7 +180,8 @@ def _updates(raw: dict) -> list[Invariant]:
         bad = [u for u in ups if u["lr"] > 0 and (u["update_ratio"] < 1e-7 or (u.get("lost_share") or 0) > 0.5)]
         b = bad[0] if bad else min(ups, key=lambda u: u["update_ratio"])
         out.append(_inv("update_too_small", "fired" if bad else "silent", len(bad), severity="error",
-                        step=step, unit="parameter groups whose update is lost", where=f"param group {b['group']} (lr {b['lr']:.3g})",
+                        step=step, unit="parameter groups whose update is lost",
+                        where=f"param group {b['group']} (lr {b['lr']:.3g})",
                         threshold="ratio < 1e-7 or > 50% of updates lost (healthy ~1e-3: CS231n)",
                         message=f"update-to-weight ratio {b['update_ratio']:.3g} and {b.get('lost_share') or 0:.0%} of "
                                 "non-zero-gradient elements did not move: the update is lost" if bad else "",
@@ -380,7 +382,8 @@ def _remedy(result: Any, stderr_tail: str) -> Invariant:
                 evidence={"remedies": patch[:10]})
 
 
-def judge(result: Any, stderr_tail: str = "", cores: int | None = None, online_cpus: int | None = None) -> list[Invariant]:
+def judge(result: Any, stderr_tail: str = "", cores: int | None = None,
+          online_cpus: int | None = None) -> list[Invariant]:
     """Every check of :data:`CHECKS` on one child run (``result``: a HarnessResult with ``invariants``).
 
     ``cores``: the CPUs the job may use (host facts), ``online_cpus``: the node's.  Returns [] when the run
