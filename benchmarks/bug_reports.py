@@ -18,10 +18,13 @@ For every scenario this runs the audit in process (``goblin_assets.cli.main``,
   proposed); a rule that fired but was blocked or dropped is not a change;
 * **completed**: exit code 0 and a written report.
 
-    .venv/bin/python benchmarks/bug_reports.py [--json] [--only NAME ...]
+    .venv/bin/python benchmarks/bug_reports.py [--json] [--only NAME ...] [--without-invariants]
 
-Prints one line per scenario and the scores of the training two-thirds and of
-the held-out third.  Runs in a private ``GOBLIN_HOME`` (the audits' warehouse
+Prints one line per scenario and the scores of the training two-thirds, of
+the held-out third and, on its own, of the held-aside third of the scenarios
+added for the run-time invariant checks (``heldout_invariants.txt``, issue 28);
+``--without-invariants`` scores copies whose recordings hold no invariant
+checks (the baseline the checks improve).  Runs in a private ``GOBLIN_HOME`` (the audits' warehouse
 rows do not land in yours).
 """
 from __future__ import annotations
@@ -40,6 +43,7 @@ import yaml
 
 CORPUS = Path(__file__).resolve().parent.parent / "tests" / "data" / "bug_reports"
 HELDOUT_FILE = CORPUS / "heldout.txt"
+HELDOUT_INVARIANTS_FILE = CORPUS / "heldout_invariants.txt"
 
 
 def scenarios(root: Path = CORPUS) -> list[Path]:
@@ -47,11 +51,20 @@ def scenarios(root: Path = CORPUS) -> list[Path]:
     return sorted(p for p in root.iterdir() if (p / "expected_findings.yaml").is_file())
 
 
-def heldout(root: Path = CORPUS) -> set[str]:
-    """Names of the held-out scenarios (``heldout.txt``: one name a line, ``#`` comments)."""
-    path = root / HELDOUT_FILE.name
+def _names(path: Path) -> set[str]:
     lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
     return {ln.split("#")[0].strip() for ln in lines if ln.split("#")[0].strip()}
+
+
+def heldout_invariants(root: Path = CORPUS) -> set[str]:
+    """The held-aside third of the scenarios added for the run-time invariants (``heldout_invariants.txt``)."""
+    return _names(root / HELDOUT_INVARIANTS_FILE.name)
+
+
+def heldout(root: Path = CORPUS) -> set[str]:
+    """Names of every held-out scenario (``heldout.txt`` and ``heldout_invariants.txt``: one name a line,
+    ``#`` comments)."""
+    return _names(root / HELDOUT_FILE.name) | heldout_invariants(root)
 
 
 def audit(folder: Path) -> tuple[int, dict[str, Any] | None, str]:
@@ -97,14 +110,36 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "forbidden": sum(bool(r["forbidden"]) for r in rows), "completed": sum(r["completed"] for r in rows)}
 
 
-def run(only: list[str] | None = None) -> dict[str, Any]:
-    """Audit every scenario (or those named in ``only``) and return the verdicts and both scores."""
-    held = heldout()
-    rows = [judge(f) for f in scenarios() if not only or f.name in only]
+def _without_invariants(folders: list[Path], dest: Path) -> list[Path]:
+    """Copies of ``folders`` under ``dest`` whose recordings hold no run-time invariant checks (the baseline)."""
+    import shutil
+
+    out = []
+    for f in folders:
+        shutil.copytree(f, dest / f.name)
+        rec = dest / f.name / "cached_metrics.json"
+        data = json.loads(rec.read_text(encoding="utf-8"))
+        data["invariants"] = None
+        rec.write_text(json.dumps(data), encoding="utf-8")
+        out.append(dest / f.name)
+    return out
+
+
+def run(only: list[str] | None = None, without_invariants: bool = False) -> dict[str, Any]:
+    """Audit every scenario (or those named in ``only``) and return the verdicts and the scores: the training
+    two-thirds, the held-out third, and the held-aside third of the invariant scenarios on its own.
+    ``without_invariants`` audits copies whose recordings hold no invariant checks (what they add)."""
+    held, held_inv = heldout(), heldout_invariants()
+    folders = [f for f in scenarios() if not only or f.name in only]
+    with tempfile.TemporaryDirectory(prefix="goblin-bugs-noinv-") as tmp:
+        if without_invariants:
+            folders = _without_invariants(folders, Path(tmp))
+        rows = [judge(f) for f in folders]
     for r in rows:
         r["heldout"] = r["name"] in held
     return {"train": summary([r for r in rows if not r["heldout"]]),
-            "heldout": summary([r for r in rows if r["heldout"]]), "scenarios": rows}
+            "heldout": summary([r for r in rows if r["heldout"] and r["name"] not in held_inv]),
+            "heldout_invariants": summary([r for r in rows if r["name"] in held_inv]), "scenarios": rows}
 
 
 def _line(r: dict[str, Any]) -> str:
@@ -123,21 +158,23 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print the verdicts as JSON")
     ap.add_argument("--only", nargs="*", help="scenario names to audit (default: all)")
+    ap.add_argument("--without-invariants", action="store_true",
+                    help="audit copies whose recordings hold no run-time invariant checks (the baseline they improve)")
     args = ap.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     with tempfile.TemporaryDirectory(prefix="goblin-bugs-") as home:
         os.environ["GOBLIN_HOME"] = home
-        res = run(args.only)
+        res = run(args.only, args.without_invariants)
     if args.json:
         sys.stdout.write(json.dumps(res, indent=2) + "\n")
         return 0
     for r in res["scenarios"]:
         print(_line(r))
-    for label in ("train", "heldout"):
+    for label in ("train", "heldout", "heldout_invariants"):
         s = res[label]
         share = f"{s['named_share']:.0%}" if s["named_share"] is not None else "n/a"
-        print(f"{label:8s}: cause and fix named {s['named']}/{s['scenarios']} ({share}); forbidden change proposed "
+        print(f"{label:18s}: cause and fix named {s['named']}/{s['scenarios']} ({share}); forbidden change proposed "
               f"in {s['forbidden']}; audit completed {s['completed']}/{s['scenarios']}")
     return 0
 

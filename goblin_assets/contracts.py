@@ -218,6 +218,32 @@ class Signal(BaseModel):
     source: str = ""
 
 
+class Invariant(BaseModel):
+    """One run-time invariant check of a training step (measure/invariants.py), judged on the run's records.
+
+    ``status``: ``fired`` (the invariant is broken), ``silent`` (it holds) or
+    ``not_observable`` (the run cannot show it; ``message`` says why).
+    ``value``: the number ``detect`` conditions read as ``invariants.<id>``
+    (its unit in ``unit``; 0 when silent; unread when not observable).
+    ``where``: the module, tensor, parameter or step the evidence names;
+    ``evidence``: what was measured; ``threshold``: the bound and its source;
+    ``rules``: the KB rules this finding feeds.
+    """
+
+    id: str
+    status: Literal["fired", "silent", "not_observable"]
+    evidence: dict[str, Any] = Field(default_factory=dict)
+    severity: Literal["info", "warning", "error"] = "info"
+    rules: list[str] = Field(default_factory=list)
+    value: float | None = None
+    step: int | None = None
+    # the words: the value's unit, what was found, where, and the bound it was held against
+    unit: str = ""
+    message: str = ""
+    where: str = ""
+    threshold: str = ""
+
+
 class RunMetrics(BaseModel):
     """What profile_run and benchmark return (DESIGN.md RunMetrics).
 
@@ -241,6 +267,11 @@ class RunMetrics(BaseModel):
     ``signals``: the run's own signals (warnings, stderr lines, loss and
     gradient records matched to known messages; None: not recorded, e.g. an
     older recording).
+    ``invariants``: the run-time invariant checks (measure/invariants.py; None:
+    not recorded, e.g. a benchmark run or an older recording).
+    ``cores_busy``: the run's own process kept at least 90 % of the cores busy
+    over the profiled steps (measured CPU seconds over wall seconds x cores),
+    so more threads or workers would time-share them (None: not measured).
     ``nonfinite_step``: the first optimizer step (1-based, warm-up steps
     counted) after which a parameter held NaN or inf, and
     ``nonfinite_params`` those parameters as the harness describes them
@@ -279,6 +310,8 @@ class RunMetrics(BaseModel):
     dataset_in_memory: bool | None = None
     signals: list[Signal] | None = None
     observed: dict[str, Any] | None = None
+    invariants: list[Invariant] | None = None
+    cores_busy: bool | None = None
     warnings: list[str] = Field(default_factory=list)
     not_observable: dict[str, str] = Field(default_factory=dict)
     provenance: RunProvenance = Field(default_factory=lambda: RunProvenance(kind="measured"))

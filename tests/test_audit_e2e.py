@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from goblin_assets.measure.invariants import CHECKS
 from goblin_assets.warehouse.db import connect, query
 from goblin_assets.warehouse.tables import TABLES
 from tests.conftest import WORKLOADS
@@ -60,6 +61,10 @@ def test_goblin_audit_json_on_digits(goblin_home, tmp_path):
         assert key in out
     assert out["config"]["batch_size"] == 64
     assert out["rules"] == ["data.loader_workers_with_threads"]
+    # the run-time invariant checks ran in the profiled baseline and stay silent: a healthy step (issue 28)
+    invs = {i["id"]: i for i in out["baseline"]["invariants"]}
+    assert set(invs) == set(CHECKS) and not [i for i in invs.values() if i["status"] == "fired"], invs
+    assert invs["numerics_vs_reference"]["status"] == "silent"  # every Linear/ReLU matched its float64 reference
     # every speedup has an interval: paired repeats, added until it decides or the budget is spent.  How
     # much faster the patch is belongs to a benchmark (benchmarks/), not here: a loaded machine can flip
     # any timing relation, so this asserts what the product guarantees, that the verdict agrees with it

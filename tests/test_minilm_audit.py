@@ -18,6 +18,7 @@ from goblin_assets import REPO_ROOT
 from goblin_assets.audit.session import AuditSession
 from goblin_assets.host import use_host
 from goblin_assets.kb.rules import load_kb
+from goblin_assets.measure.invariants import CHECKS
 from goblin_assets.report.html import write_html
 from goblin_assets.runners.workload import load_workload
 from goblin_assets.settings import AuditSettings
@@ -73,6 +74,11 @@ def test_minilm_audit_end_to_end(tmp_path, monkeypatch, plain_host):
     assert m.headroom_batch is not None and m.headroom_batch > 8
     observed_equals_trainer(m)   # every field observed in the run, equal to the Trainer's own values (issue 27)
     assert not [d for d in res.effective_config().disagreements if d.field != "optimizer"]
+    # the run-time invariant checks ran (issue 28) and stay silent on this healthy fine-tune: LoRA A's zero
+    # gradient while B is zero is by design, and three steps in a learning-rate warm-up show no loss trend
+    invs = {i.id: i for i in m.invariants}
+    assert set(invs) == set(CHECKS) and not {k: i.message for k, i in invs.items() if i.status == "fired"}
+    assert invs["numerics_vs_reference"].status == "silent" and invs["grad_below_normal"].status == "silent"
 
     # the rules come from the KB, with their citations; no special case in code
     applied = {a.rule_id for a in res.patch().applied}

@@ -20,7 +20,10 @@ rule to fire.  Each condition is ``PATH OP VALUE``:
   finding at a site, or at ``any`` site: :class:`PatternScores`) and
   ``tensors.<group>.<key>`` (a graded tensor finding of the sketches,
   :data:`goblin_assets.opscope.tensor_findings.TENSOR_KEYS`; its explanation
-  names the site and training step behind the value).
+  names the site and training step behind the value) and
+  ``invariants.<check>`` (the value of a run-time invariant check,
+  :data:`goblin_assets.measure.invariants.CHECKS`: 0 when it held, not
+  available when the run could not show it).
 * ``OP``: ``<  <=  >  >=  ==  !=  in  not_in  multiple_of  not_multiple_of``.
 * ``VALUE``: a YAML scalar or list (``0.3``, ``eager``, ``null``, ``[a, b]``),
   or another PATH.
@@ -63,6 +66,7 @@ from goblin_assets.contracts import (
 )
 from goblin_assets.errors import KBError
 from goblin_assets.host import HOST_KEYS, HostFacts, current_host
+from goblin_assets.measure.invariants import CHECKS, invariant_values
 from goblin_assets.measure.signals import DERIVED, signal_counts, signal_ids
 from goblin_assets.opscope.tensor_findings import TENSOR_KEYS
 from goblin_assets.runners.categories import category_pct, groups
@@ -82,7 +86,7 @@ _OPS = {
 _ORDER = ("<", "<=", ">", ">=", "==", "!=")
 _ROOTS = ("config", "waste", "metrics", "env", "env_prefix", "platform", "cores", "torch_version",
           "rocm_version", "kernels", "host", "packages", "patterns", "device", "signals", "local_world_size",
-          "tensors")
+          "tensors", "invariants")
 _VERSION_PATHS = ("torch_version", "rocm_version")
 
 
@@ -253,6 +257,7 @@ def detect_context(config: ConfigDict, metrics: RunMetrics, host: HostFacts | No
         "signals": signal_counts(metrics.signals) if metrics.signals is not None else {},
         "local_world_size": local_world_size(env_now),
         "tensors": tensors,
+        "invariants": invariant_values(metrics.invariants),
     }
 
 
@@ -368,6 +373,8 @@ def _check_path(path: str) -> str | None:
     if root == "tensors" and (len(rest) != 2 or rest[0] not in TENSOR_KEYS or rest[1] not in TENSOR_KEYS[rest[0]]):
         return "expected tensors.<group>.<key> of " + "; ".join(
             f"{g}: {', '.join(keys)}" for g, keys in TENSOR_KEYS.items())
+    if root == "invariants" and (len(rest) != 1 or rest[0] not in CHECKS):
+        return f"unknown invariant {'.'.join(rest)!r} (one of {', '.join(CHECKS)}: measure/invariants.py)"
     if root in ("env", "env_prefix", "packages") and len(rest) != 1:
         return f"expected {root}.<NAME>"
     return None

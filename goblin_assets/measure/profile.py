@@ -7,6 +7,7 @@ from pathlib import Path
 
 from goblin_assets.contracts import KernelShare, RunMetrics, RunProvenance
 from goblin_assets.host import HostFacts, current_host
+from goblin_assets.measure.invariants import judge
 from goblin_assets.measure.signals import run_signals
 from goblin_assets.measure.waste import waste_budget
 from goblin_assets.runners.base import Runner
@@ -132,6 +133,10 @@ def profile_run(workload: Workload, runner: Runner, steps: int = 10, warmup: int
                    provenance=run_provenance(raw, host), warnings=list(r.warnings),
                    trace_path=str(raw.trace_path), **throughput_fields(raw, workload))
     m.signals = run_signals(r, raw.stderr_tail)
+    if r.invariants:
+        m.invariants = judge(r, raw.stderr_tail, cores=host.cores, online_cpus=host.online_cpus)
+        busy = next((i for i in m.invariants if i.id == "cores_busy" and i.status != "not_observable"), None)
+        m.cores_busy = None if busy is None else busy.status == "fired"
     summary = read_trace(raw.trace_path)
     m.waste_budget = waste_budget(summary, m.step_time_s, bf16_matmul=host.cpu_bf16_matmul)
     total_us = sum(s.dur_us for s in summary.steps)

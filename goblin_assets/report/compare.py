@@ -21,7 +21,16 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from goblin_assets.contracts import WASTE_BUCKETS, AppliedRule, BenchmarkResult, ConfigDict, Patch, RunMetrics, Signal
+from goblin_assets.contracts import (
+    WASTE_BUCKETS,
+    AppliedRule,
+    BenchmarkResult,
+    ConfigDict,
+    Invariant,
+    Patch,
+    RunMetrics,
+    Signal,
+)
 from goblin_assets.measure.benchmark import SpeedupInterval, bench_interval
 from goblin_assets.measure.calibration import Calibration, calibrate
 from goblin_assets.measure.evidence import NonfiniteEvidence
@@ -145,6 +154,7 @@ class AuditReport(BaseModel):
     packages: dict[str, str | None] = Field(default_factory=dict)
     hazards: list[HazardNote] = Field(default_factory=list)
     signals: list[Signal] = Field(default_factory=list)
+    invariants: list[Invariant] = Field(default_factory=list)
     verdict: Verdict | None = None
 
 
@@ -396,5 +406,5 @@ def compare_runs(before: RunMetrics, after: RunMetrics, bench: dict[str, Benchma
         config_markdown=config_markdown(config),
         tensor_html=tensors.html() if tensors is not None else "",
         python=python, packages=dict(packages or {}), hazards=list(hazards or []), signals=list(before.signals or []),
-        verdict=verdict,
+        invariants=list(before.invariants or []), verdict=verdict,
     )

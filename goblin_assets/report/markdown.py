@@ -27,6 +27,26 @@ def no_rule_text(applied: list, dropped: list[str]) -> str:
     return "No tuning rule fired: nothing to patch."
 
 
+def invariants_markdown(invariants) -> list[str]:
+    """The run-time invariant checks (measure/invariants.py) as markdown lines: the broken ones with their
+    evidence, then one line naming those that held and those the run could not show."""
+    if not invariants:
+        return []
+    fired = [i for i in invariants if i.status == "fired"]
+    out = ["## Invariants of the training step (measured in the run)", ""]
+    if fired:
+        out += ["| check | severity | what was measured | where | step | rules |", "|---|---|---|---|---|---|"]
+        out += [f"| {i.id} | {i.severity} | {i.message[:200].replace('|', '/')} | {i.where.replace('|', '/')} | "
+                f"{i.step if i.step is not None else ''} | {', '.join(i.rules)} |" for i in fired]
+        out.append("")
+    held = [i.id for i in invariants if i.status == "silent"]
+    unseen = [f"{i.id} ({i.message})" for i in invariants if i.status == "not_observable"]
+    out += [f"Held: {', '.join(held) or 'none'}.", ""]
+    if unseen:
+        out += [f"Not observable in this run: {'; '.join(unseen)}.", ""]
+    return out
+
+
 def signals_markdown(signals) -> list[str]:
     """The run's own signals (deduplicated warnings, stderr lines, loss and gradient records) as markdown lines."""
     if not signals:
@@ -198,7 +218,8 @@ def render_markdown(rep: AuditReport, chart_name: str | None = None) -> str:
         status = bc.before_status if bc.before_status == bc.after_status else f"{bc.before_status} / {bc.after_status}"
         out.append(f"| {bc.bucket} | {bc.before_s * 1e3:.2f} ms | {bc.before_share:.0%} | {bc.after_s * 1e3:.2f} ms | "
                    f"{bc.after_share:.0%} | {status} |")
-    out += ["", *signals_markdown(rep.signals), *rep.tensor_markdown, *rep.trace_diff_markdown]
+    out += ["", *signals_markdown(rep.signals), *invariants_markdown(rep.invariants), *rep.tensor_markdown,
+            *rep.trace_diff_markdown]
     if rep.warnings:
         out += ["## Notes", "", *[f"- {w}" for w in rep.warnings], ""]
     out += ["---", _footer(rep)]
@@ -302,7 +323,7 @@ def replay_report(before: RunMetrics, patch: Patch, config: ConfigDict, model: s
            *[f"| {k} | {v} |" for k, v in rows],
            "", f"## Waste budget per step ({kind})", "", "| bucket | ms/step | status |", "|---|---|---|",
            *[f"| {k} | {b.seconds * 1e3:.2f} | {b.status} |" for k, b in before.waste_budget.items()],
-           "", *signals_markdown(before.signals)]
+           "", *signals_markdown(before.signals), *invariants_markdown(before.invariants)]
     out += tensors.markdown() if tensors is not None else []
     if before.warnings:
         out += ["## Notes", "", *[f"- {w}" for w in before.warnings], ""]

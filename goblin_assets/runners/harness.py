@@ -220,6 +220,20 @@ def _leading_count(batch, field, unit: str, mask_field: str | None) -> tuple[int
         return 0, 0, 0
 
 
+def load_invariants(window: int):
+    """The recorder of run-time invariants (``invariants.py`` beside this file, stdlib + torch only), or None
+    when that file is absent (a harness copied on its own) or ``GOBLIN_INVARIANTS=0`` switches it off."""
+    import importlib.util
+
+    path = Path(__file__).with_name("invariants.py")
+    if not path.is_file() or os.environ.get("GOBLIN_INVARIANTS") == "0":  # off: benchmarks/invariants_overhead.py
+        return None
+    spec = importlib.util.spec_from_file_location("goblin_invariants", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.InvariantRecorder(window).install()
+
+
 class Harness:
     """State of one child run; see the module docstring."""
 
@@ -257,6 +271,8 @@ class Harness:
         self.phase = SETUP  # where the script is (see install_loader_counter / install_signal_hooks)
         self.batch_bytes: int | None = None  # tensor bytes of the last DataLoader batch
         self.constructed: list = []  # weak references to every optimizer the script constructed
+        # run-time invariants (runners/invariants.py), profile mode only; heavy work in the last warm-up step
+        self.inv = load_invariants(self.warmup) if self.mode == "profile" else None
 
     # -- data loader wrapper --------------------------------------------------
     def install_loader_counter(self) -> None:
@@ -285,6 +301,8 @@ class Harness:
             h.cur[1] += t
             h.cur[2] += n
             h.cur[4] += 1
+            if h.inv is not None:
+                h.inv.on_batch(it, batch, t0)
             return batch
 
         _dl._BaseDataLoaderIter.__next__ = __next__
@@ -331,6 +349,8 @@ class Harness:
                       if isinstance(p, torch.Tensor) and p.requires_grad]
             h.params_trainable = max(h.params_trainable, len(params))
             h.grads_missing.append(sum(p.grad is None for p in params))
+            if h.inv is not None:
+                h.inv.before_step(optimizer)
 
         self._pre_hook = register_optimizer_step_pre_hook(before_step)
 
@@ -340,6 +360,8 @@ class Harness:
         self.step += 1
         self.phase = "after the optimizer step"
         self.step_losses.append(self.cur_loss)
+        if self.inv is not None:
+            self.inv.after_step(optimizer)
         self.cur_loss = None
         if not any(o is optimizer for o in self.optimizers):
             self.optimizers.append(optimizer)
@@ -369,6 +391,8 @@ class Harness:
         elif self.step > self.warmup and self.prof is not None and self.step < self.warmup + self.steps:
             self.prof.step()
         if self.step >= self.warmup + self.steps:
+            if self.inv is not None:
+                self.inv.end_measured()
             if self.prof is not None:
                 self.prof.stop()  # before unwinding: loader teardown is not a step
             raise StepBudgetReached()
@@ -426,6 +450,8 @@ class Harness:
                                                    with_flops=True,
                                                    profile_memory=self.device_kind == "cpu")
             self.prof.start()
+            if self.inv is not None:
+                self.inv.begin_measured()
         elif self.mode == "sketch":
             if self.spec.get("goblin_path") and self.spec["goblin_path"] not in sys.path:
                 sys.path.append(self.spec["goblin_path"])  # after the user's packages: only our tap comes from it
@@ -540,6 +566,8 @@ class Harness:
             ops.sort(key=lambda o: -o["self_us"])
             result["ops"] = ops[:50]
             result["flops_total"] = flops
+        if self.inv is not None:
+            result["invariants"] = self.inv.report()
         if self.tap is not None:
             self.tap.__exit__(None, None, None)
             (self.out / "sketches.json").write_text(json.dumps(self.tap.rows))

@@ -301,6 +301,9 @@ class HarnessResult(BaseModel):
     optimizers whose ``.grad`` was None at the step) and ``params_trainable``.
     ``observed``: the settings the program ran with (:class:`ObservedRecord`;
     None from a harness older than issue 27).
+    ``invariants``: the raw measurements of the run-time invariant checks
+    (:mod:`goblin_assets.runners.invariants`, ``profile`` mode only; None otherwise),
+    judged by :mod:`goblin_assets.measure.invariants`.
     Host facts (cores, CPU instruction sets) are not the harness's to report:
     they come from :mod:`goblin_assets.host`.
     """
@@ -338,6 +341,7 @@ class HarnessResult(BaseModel):
     grads_missing: list[int] = Field(default_factory=list)
     params_trainable: int = Field(default=0, ge=0)
     observed: ObservedRecord | None = None
+    invariants: dict[str, Any] | None = None
 
     @property
     def trace_path(self) -> Path | None:
