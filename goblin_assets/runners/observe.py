@@ -264,6 +264,8 @@ class Observer:
 
         def __enter__(ac):  # noqa: N807
             out = enter(ac)
+            if os.path.dirname(os.path.abspath(sys._getframe(1).f_code.co_filename)) == _HERE:
+                return out  # entered by the harness's own checks (runners/invariants.py), not the program
             try:
                 key = (str(getattr(ac, "device", "")), _plain(getattr(ac, "fast_dtype", None)),
                        bool(getattr(ac, "_enabled", True)))
