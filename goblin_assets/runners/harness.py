@@ -73,6 +73,7 @@ from pathlib import Path
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils.data import dataloader as _dl
+from torch.utils.data._utils import worker as _dl_worker
 
 #: The most optimizer steps the warm-up is extended by to drain a DataLoader's prefetch queue.
 MAX_PREFETCH_WARMUP = 8
@@ -126,6 +127,18 @@ def _current_rss_bytes() -> int:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return 0
+
+
+def _sibling(name: str):
+    """The stdlib/torch-only module ``name`` next to this file, loaded by its path (a user's file of the same
+    name cannot shadow it): ``stall`` (heartbeat, stack dumps), ``compile_probe`` (dynamo's counters)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"_goblin_{name}", Path(__file__).with_name(f"{name}.py"))
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
@@ -257,6 +270,14 @@ class Harness:
         self.phase = SETUP  # where the script is (see install_loader_counter / install_signal_hooks)
         self.batch_bytes: int | None = None  # tensor bytes of the last DataLoader batch
         self.constructed: list = []  # weak references to every optimizer the script constructed
+        self.heartbeat = self.compile_probe = None  # see install_watchers
+
+    def install_watchers(self) -> None:
+        """A heartbeat per optimizer step and stack dumps on a signal (``stall``: the parent's hang watch), and
+        dynamo's record of the run once the script imports ``torch._dynamo`` (``compile_probe``)."""
+        self.heartbeat = _sibling("stall").install(self.out, _dl_worker)
+        self.compile_probe = _sibling("compile_probe").CompileProbe(lambda: self.step)
+        sys.meta_path.insert(0, _AfterImport("torch._dynamo", self.compile_probe.attach))
 
     # -- data loader wrapper --------------------------------------------------
     def install_loader_counter(self) -> None:
@@ -338,6 +359,8 @@ class Harness:
     def on_step(self, optimizer, args, kwargs) -> None:
         now = time.perf_counter()
         self.step += 1
+        if self.heartbeat is not None:
+            self.heartbeat.beat(self.step)
         self.phase = "after the optimizer step"
         self.step_losses.append(self.cur_loss)
         self.cur_loss = None
@@ -512,6 +535,7 @@ class Harness:
             grads_missing=self.grads_missing, params_trainable=self.params_trainable,
             nonfinite_params=self._nonfinite_params(),
             first_nonfinite_step=self.first_nonfinite,
+            dynamo=self.compile_probe.summary() if self.compile_probe is not None else None,
         )
         if self.device_kind == "cuda":
             result["device_name"] = torch.cuda.get_device_name(0)
@@ -611,6 +635,7 @@ def run(spec: dict) -> int:
         torch.set_num_threads(int(spec["threads"]))
     h.install_loader_counter()
     h.install_signal_hooks()
+    h.install_watchers()
     cap_trainer_max_steps(h.warmup + h.steps + (MAX_PREFETCH_WARMUP if h.mode in ("profile", "benchmark") else 0))
     handle = register_optimizer_step_post_hook(h.on_step)
     script = spec["script"]
@@ -622,6 +647,8 @@ def run(spec: dict) -> int:
         runpy.run_path(script, run_name="__main__")
     except StepBudgetReached:
         reached = True
+        if h.heartbeat is not None:
+            h.heartbeat.done()
     except SystemExit as exc:
         if exc.code not in (0, None):
             raise

@@ -177,6 +177,7 @@ class HarnessResult(BaseModel):
     losses: list[float | str | None] = Field(default_factory=list)
     grads_missing: list[int] = Field(default_factory=list)
     params_trainable: int = Field(default=0, ge=0)
+    dynamo: dict[str, Any] | None = None  # torch.compile's record (runners/compile_probe.py; measure/compile_counters)
 
     @property
     def trace_path(self) -> Path | None:
