@@ -61,14 +61,15 @@ from goblin_assets.contracts import (
     RunMetrics,
     WasteBucket,
 )
-from goblin_assets.errors import GoblinError, RunFailed
+from goblin_assets.errors import GoblinError, KBError, RunFailed
 from goblin_assets.host import HostFacts, current_host, for_interpreter, keyword_names
 from goblin_assets.ids import make_audit_id
 from goblin_assets.kb.retrieval import KBIndex, embedding_frame, index_for, retrieval_scores, run_symptoms
 from goblin_assets.kb.rules import KnowledgeBase, detect_context, load_kb, local_world_size, match_rules
-from goblin_assets.measure.benchmark import bench_interval, benchmark
+from goblin_assets.measure.benchmark import bench_interval, benchmark, rate_text
 from goblin_assets.measure.calibration import Calibration, calibrate
 from goblin_assets.measure.evidence import NonfiniteEvidence, nonfinite_evidence
+from goblin_assets.measure.hang import hang_section, read_hang_state
 from goblin_assets.measure.profile import profile_run, timed_metrics
 from goblin_assets.opscope.tensor_findings import TensorFindings
 from goblin_assets.opscope.tensor_findings import tensor_findings as grade_tensors
@@ -225,6 +226,14 @@ class AuditSession:
                  f"{redact(first)}", "",
                  "Nothing was benchmarked and no rule was applied: a patch is only measured against an original "
                  "that runs. Fix the failure (or audit a configuration that runs) and audit again.", ""]
+        hang = read_hang_state(getattr(m, "run_dir", None))
+        if hang is not None:  # a run that made no progress: where each thread waited (measure/hang.py)
+            self.results["failure_kind"] = "hung"
+            try:
+                rules = self.rules().rules
+            except KBError:  # the report still says where it waited
+                rules = []
+            lines += hang_section(hang, rules)
         tail = (getattr(m, "stderr_tail", "") or "").strip()
         if tail:
             lines += ["## The end of its stderr", "", "```", redact(tail[-2000:]), "```", ""]
@@ -284,7 +293,7 @@ class AuditSession:
         if not m.ok:
             raise RunFailed(f"profile_run: {m.failure}\n--- stderr (tail) ---\n{m.stderr_tail[-1500:]}", m)
         self.log(f"{label}: done in {time.perf_counter() - t0:.1f} s ({m.provenance.kind}): {m.steps} steps, "
-                 f"{(m.step_time_s or 0) * 1e3:.1f} ms/step, {m.throughput or 0:.1f} {m.unit}/s")
+                 f"{(m.step_time_s or 0) * 1e3:.1f} ms/step, {rate_text(m.throughput, m.unit)}")
         return m
 
     def profile_run(self) -> RunMetrics:
@@ -565,7 +574,8 @@ class AuditSession:
             if seeded is not None:  # a report computed elsewhere (a Dagster step) carries its verdict
                 return seeded
             if self.results.get("failure"):
-                return audit_verdict(failure=self.results["failure"])
+                return audit_verdict(failure=self.results["failure"],
+                                     failure_kind=self.results.get("failure_kind", "failed"))
             before, bench = self.profile_run(), self.benchmarks()
             try:
                 interval = bench_interval(bench) if bench else None

@@ -6,7 +6,9 @@ the Dagster metadata, ``goblin audit --json``'s ``verdict`` object) starts with
 first:
 
 1. ``failed``: the original program failed as written (nothing else was
-   measured, so nothing else can be judged);
+   measured, so nothing else can be judged); ``hung`` when it failed by making
+   no progress (stopped by the stall watch or the timeout after its stacks
+   were dumped: :mod:`goblin_assets.measure.hang`);
 2. ``unhealthy``: the run went non-finite (NaN/inf in the loss, the model's
    output or its parameters): the numbers it trained on are wrong, so no
    speedup matters until that is fixed;
@@ -30,11 +32,11 @@ from pydantic import BaseModel, Field
 from goblin_assets.measure.benchmark import SpeedupInterval
 from goblin_assets.measure.evidence import NonfiniteEvidence
 
-Kind = Literal["failed", "unhealthy", "hazard", "faster", "slower", "no significant change", "no patch",
+Kind = Literal["failed", "hung", "unhealthy", "hazard", "faster", "slower", "no significant change", "no patch",
                "not measured"]
 
 #: Verdict kinds that mean the run itself is not healthy (``--fail-on unhealthy``).
-UNHEALTHY = ("failed", "unhealthy")
+UNHEALTHY = ("failed", "hung", "unhealthy")
 
 
 class VerdictItem(BaseModel):
@@ -94,13 +96,15 @@ def _effect(iv: SpeedupInterval | None, patch_changes: bool, why_no_patch: str,
 def audit_verdict(*, failure: str = "", nonfinite: NonfiniteEvidence | None = None,
                   loss_nonfinite_step: int | None = None, hazards: list | None = None,
                   interval: SpeedupInterval | None = None, patch_changes: bool = True, why_no_patch: str = "",
-                  not_measured: str = "") -> Verdict:
+                  not_measured: str = "", failure_kind: Literal["failed", "hung"] = "failed") -> Verdict:
     """The ranked verdict of an audit (pure function).
 
     Parameters
     ----------
     failure : str
         Why the original program failed ('' when it ran): stage and the child's error line.
+    failure_kind : str
+        ``hung`` when the failure is a run that made no progress (its item's kind), else ``failed``.
     nonfinite : NonfiniteEvidence, optional
         Where NaN/inf appeared (:func:`goblin_assets.measure.evidence.nonfinite_evidence`).
     loss_nonfinite_step : int, optional
@@ -125,7 +129,8 @@ def audit_verdict(*, failure: str = "", nonfinite: NonfiniteEvidence | None = No
     """
     items: list[VerdictItem] = []
     if failure:
-        items.append(VerdictItem(kind="failed", text=f"the original program failed as written: {failure}"))
+        verb = "hung" if failure_kind == "hung" else "failed"
+        items.append(VerdictItem(kind=failure_kind, text=f"the original program {verb} as written: {failure}"))
     if nonfinite is not None:
         items.append(VerdictItem(kind="unhealthy", text=nonfinite.headline or "the run went non-finite (NaN/inf)"))
     elif loss_nonfinite_step is not None:

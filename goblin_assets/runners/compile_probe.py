@@ -97,7 +97,15 @@ class CompileProbe:
 
     def _end(self, *args) -> None:
         if self._t0 is not None:
-            self.compiles.append({"step": self.step() + 1, "seconds": time.monotonic() - self._t0})
+            graphs = None
+            try:
+                from torch._dynamo.utils import counters
+
+                graphs = int(counters["stats"]["unique_graphs"])  # cumulative: graphs compiled so far
+            except Exception:  # noqa: BLE001 - another release's counters
+                pass
+            self.compiles.append({"step": self.step() + 1, "seconds": time.monotonic() - self._t0,
+                                  "graphs_so_far": graphs})
             self._t0 = None
 
     def on_record(self, logger: str, msg: str) -> None:
