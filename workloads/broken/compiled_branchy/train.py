@@ -11,12 +11,6 @@ import argparse
 
 import torch
 
-p = argparse.ArgumentParser()
-p.add_argument("--switch", type=int, default=4)
-p.add_argument("--steps", type=int, default=200)
-args = p.parse_args()
-
-
 class Branchy(torch.nn.Module):
     def __init__(self, vocab=64, dim=32):
         super().__init__()
@@ -33,16 +27,21 @@ class Branchy(torch.nn.Module):
         return self.head(h)
 
 
-torch.manual_seed(0)
-model = Branchy()
-step_fn = torch.compile(model, backend="eager")
-opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-g = torch.Generator().manual_seed(0)
-for step in range(args.steps):
-    seq = 16 if step < args.switch else 24 if step < 2 * args.switch else 32
-    ids = torch.randint(0, 64, (8, seq), generator=g)
-    logits = step_fn(ids)
-    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 64), ids.reshape(-1))
-    loss.backward()
-    opt.step()
-    opt.zero_grad()
+if __name__ == "__main__":
+    p = argparse.ArgumentParser()
+    p.add_argument("--switch", type=int, default=4)
+    p.add_argument("--steps", type=int, default=200)
+    args = p.parse_args()
+    torch.manual_seed(0)
+    model = Branchy()
+    step_fn = torch.compile(model, backend="eager")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(0)
+    for step in range(args.steps):
+        seq = 16 if step < args.switch else 24 if step < 2 * args.switch else 32
+        ids = torch.randint(0, 64, (8, seq), generator=g)
+        logits = step_fn(ids)
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 64), ids.reshape(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
