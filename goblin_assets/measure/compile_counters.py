@@ -60,17 +60,13 @@ class CompileRecordError(GoblinError):
     """A harness result's ``dynamo`` object of the wrong shape (names the field)."""
 
 
-class GraphBreak(BaseModel):
-    """One distinct graph break: where (the user's file and line), why (dynamo's reason), how often, first step."""
+class _Located(BaseModel):
+    """A record at the user's ``file`` and ``line`` (None when dynamo named none)."""
 
     model_config = ConfigDict(extra="forbid")
 
     file: str | None
     line: int | None
-    reason: str
-    detail: str = ""
-    count: int = Field(ge=1)
-    first_step: int
 
     @property
     def where(self) -> str:
@@ -78,21 +74,22 @@ class GraphBreak(BaseModel):
         return f"{Path(self.file).name}:{self.line}" if self.file else "unknown"
 
 
-class Recompile(BaseModel):
+class GraphBreak(_Located):
+    """One distinct graph break: where (the user's file and line), why (dynamo's reason), how often, first step."""
+
+    reason: str
+    detail: str = ""
+    count: int = Field(ge=1)
+    first_step: int
+
+
+class Recompile(_Located):
     """One recompile: the function and line dynamo recompiled, the first failing guard, its class, the step."""
 
-    model_config = ConfigDict(extra="forbid")
-
     function: str | None
-    file: str | None
-    line: int | None
     guard: str
     guard_class: Literal["size", "value", "other"]
     step: int
-
-    @property
-    def where(self) -> str:
-        return f"{Path(self.file).name}:{self.line}" if self.file else "unknown"
 
 
 class CompileStats(BaseModel):
