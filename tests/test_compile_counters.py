@@ -79,3 +79,15 @@ def test_guard_classes():
     assert guard_class("1/0: ___stack0 == 0.8195393681526184   # if h.abs().mean().item() > 10.0:") == "value"
     assert guard_class("0/1: ___check_obj_id(L['self'], 1407)") == "other"
     assert compile_stats(None) is None
+
+
+def test_compile_events_rows_validate_against_the_warehouse_table(compiled):
+    from goblin_assets.measure.compile_counters import compile_events_frame
+    from goblin_assets.warehouse.tables import schema
+
+    stats = compile_stats(compiled.result.dynamo)
+    frame = schema("compile_events").validate(compile_events_frame(stats, "r1", "compiled_branchy"))
+    assert (frame["event"] == "graph_break").sum() == len(stats.graph_breaks)
+    assert (frame["event"] == "recompile").sum() == len(stats.recompiles)
+    assert set(frame.loc[frame["event"] == "recompile", "guard_class"]) <= {"size", "value", "other"}
+    assert compile_events_frame(None, "r1", "w").empty

@@ -69,6 +69,7 @@ from goblin_assets.kb.rules import KnowledgeBase, detect_context, load_kb, local
 from goblin_assets.measure.benchmark import bench_interval, benchmark, rate_text
 from goblin_assets.measure.calibration import Calibration, calibrate
 from goblin_assets.measure.evidence import NonfiniteEvidence, nonfinite_evidence
+from goblin_assets.measure.compile_counters import compile_events_frame, compile_stats
 from goblin_assets.measure.hang import hang_section, read_hang_state
 from goblin_assets.measure.profile import profile_run, timed_metrics
 from goblin_assets.opscope.tensor_findings import TensorFindings
@@ -632,7 +633,8 @@ class AuditSession:
         if stage == "profile_run":
             m = self.profile_run()
             return {"runs": F.runs_frame(m, f"{aid}-profile", "profile", aid),
-                    "kernels": F.kernels_frame(m, f"{aid}-profile"), **self._trace_rows("profile")}
+                    "kernels": F.kernels_frame(m, f"{aid}-profile"), **self._trace_rows("profile"),
+                    "compile_events": compile_events_frame(compile_stats(m.dynamo), f"{aid}-profile", name)}
         if stage == "waste_budget":
             return {"waste_budget": F.waste_frame(self.profile_run(), f"{aid}-profile", "profile")}
         if stage == "tensor_sketches":

@@ -33,10 +33,12 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
+import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from goblin_assets.contracts import Signal
 from goblin_assets.errors import GoblinError
+from goblin_assets.warehouse.tables import columns
 
 #: Derived signals of a compiled run (``signals.<id>`` of detect conditions), with what each counts.
 COMPILE_SIGNALS: dict[str, str] = {
@@ -205,3 +207,18 @@ def compile_signals(stats: CompileStats | None) -> list[Signal]:
     add("dynamo_recompile_values", [r for r in stats.recompiles if r.guard_class == "value"],
         lambda r: f"recompiled {r.function}: {r.guard}")
     return out
+
+
+def compile_events_frame(stats: CompileStats | None, run_id: str, workload: str) -> pd.DataFrame:
+    """Rows of the ``compile_events`` table: one per distinct graph break (``count``: times dynamo hit it,
+    ``step``: the first) and one per recompile (``guard_class``, ``step``); empty when nothing was compiled."""
+    rows = []
+    for b in stats.graph_breaks if stats else []:
+        rows.append({"run_id": run_id, "workload": workload, "event": "graph_break", "file": b.file, "line": b.line,
+                     "function": None, "reason": b.reason, "guard_class": None, "count": b.count,
+                     "step": b.first_step})
+    for r in stats.recompiles if stats else []:
+        rows.append({"run_id": run_id, "workload": workload, "event": "recompile", "file": r.file, "line": r.line,
+                     "function": r.function, "reason": r.guard, "guard_class": r.guard_class, "count": 1,
+                     "step": r.step})
+    return pd.DataFrame(rows, columns=columns("compile_events"))
