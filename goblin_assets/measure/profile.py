@@ -186,6 +186,8 @@ def profile_run(workload: Workload, runner: Runner, steps: int = 10, warmup: int
         m.not_observable["tokens_per_sec"] = "workload counts samples, not tokens"
         m.not_observable["padding_share"] = "workload counts samples, not tokens"
         m.not_observable["real_tokens_per_sec"] = "workload counts samples, not tokens"
+    if m.dynamo is None:
+        m.not_observable["dynamo"] = "the script compiled nothing with torch.compile (no dynamo frame was traced)"
     if m.nonfinite_step is None:
         m.not_observable["nonfinite_step"] = (
             "parameters were checked for NaN/Inf after every warm-up step and at the end of the run, not inside "
