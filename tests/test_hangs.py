@@ -127,3 +127,12 @@ def test_a_run_without_counted_samples_formats_and_summarises_without_a_number()
     res = _summarise("baseline", runs, "k", pair_id="p", stop_reason="r", elapsed_s=1.0, budget_s=None, looks=1,
                      measured_at="now")
     assert res.throughputs == [] and res.median == 0.0
+
+
+def test_a_compile_patch_with_no_significant_change_says_why():
+    from goblin_assets.measure.benchmark import speedup_interval
+
+    iv = speedup_interval([10.0, 11.0, 9.0], [10.5, 9.5, 10.0])
+    v = audit_verdict(interval=iv, no_change_because="the patched run compiled: 5 graphs, 1 distinct graph break")
+    assert v.status == "no significant change"
+    assert v.items[-1].text.endswith("; the patched run compiled: 5 graphs, 1 distinct graph break")

@@ -583,7 +583,10 @@ class AuditSession:
             except (KeyError, ValueError):  # an arm missing, or too few repeats for an interval
                 interval = None
             loss_step = next((x.step for x in before.signals or [] if x.id == "loss_nonfinite"), None)
+            after = self.results.get("patched_run")
+            compiled = compile_stats(after.dynamo) if after is not None else None
             return audit_verdict(
+                no_change_because=f"the patched run compiled: {compiled.headline()}" if compiled else "",
                 nonfinite=self.nonfinite(), loss_nonfinite_step=loss_step,
                 hazards=hazard_notes(self.rules(), self.kb_matches()),
                 interval=interval, patch_changes=self._no_change() is None,

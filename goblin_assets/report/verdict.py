@@ -81,7 +81,7 @@ def measured_slower(iv: SpeedupInterval | None) -> bool:
 
 
 def _effect(iv: SpeedupInterval | None, patch_changes: bool, why_no_patch: str,
-            not_measured: str) -> VerdictItem:
+            not_measured: str, no_change_because: str = "") -> VerdictItem:
     if not patch_changes:
         return VerdictItem(kind="no patch", text=why_no_patch or "no rule asked for a change: nothing to benchmark")
     if iv is None:
@@ -90,19 +90,24 @@ def _effect(iv: SpeedupInterval | None, patch_changes: bool, why_no_patch: str,
         return VerdictItem(kind="slower", text=f"patch not recommended: measured {iv.headline()}")
     if iv.verdict == "faster":
         return VerdictItem(kind="faster", text=f"patch measured faster: {iv.headline()}")
-    return VerdictItem(kind="no significant change", text=f"patch measured {iv.headline()}")
+    why = f"; {no_change_because}" if no_change_because else ""
+    return VerdictItem(kind="no significant change", text=f"patch measured {iv.headline()}{why}")
 
 
 def audit_verdict(*, failure: str = "", nonfinite: NonfiniteEvidence | None = None,
                   loss_nonfinite_step: int | None = None, hazards: list | None = None,
                   interval: SpeedupInterval | None = None, patch_changes: bool = True, why_no_patch: str = "",
-                  not_measured: str = "", failure_kind: Literal["failed", "hung"] = "failed") -> Verdict:
+                  not_measured: str = "", failure_kind: Literal["failed", "hung"] = "failed",
+                  no_change_because: str = "") -> Verdict:
     """The ranked verdict of an audit (pure function).
 
     Parameters
     ----------
     failure : str
         Why the original program failed ('' when it ran): stage and the child's error line.
+    no_change_because : str
+        Why a measured patch may change nothing, added to a ``no significant change`` item (e.g. a patch that
+        turns on torch.compile: the patched run's graph breaks, recompiles and compile share).
     failure_kind : str
         ``hung`` when the failure is a run that made no progress (its item's kind), else ``failed``.
     nonfinite : NonfiniteEvidence, optional
@@ -142,7 +147,7 @@ def audit_verdict(*, failure: str = "", nonfinite: NonfiniteEvidence | None = No
         text = found[0].text if len(found[0].text) <= 160 else found[0].text[:157].rstrip() + "..."
         items.append(VerdictItem(kind="hazard", text=f"{found[0].rule_id}: {text}{more}"))
     if not failure:
-        items.append(_effect(interval, patch_changes, why_no_patch, not_measured))
+        items.append(_effect(interval, patch_changes, why_no_patch, not_measured, no_change_because))
     slower = not failure and patch_changes and measured_slower(interval)
     healthy = not any(i.kind in UNHEALTHY for i in items)
     return Verdict(status=items[0].kind, healthy=healthy, items=items,
