@@ -303,6 +303,7 @@ class RunMetrics(BaseModel):
     attention_kernel_loaded: bool | None = None
     waste_budget: dict[str, WasteBucket] = Field(default_factory=dict)
     memory_headroom_gb: float | None = None
+    dynamo: dict[str, Any] | None = None  # torch.compile's record of the run (measure/compile_counters.py)
     headroom_batch: int | None = None
     nonfinite_step: int | None = None
     nonfinite_params: list[str] = Field(default_factory=list)

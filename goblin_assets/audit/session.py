@@ -62,15 +62,17 @@ from goblin_assets.contracts import (
     RunMetrics,
     WasteBucket,
 )
-from goblin_assets.errors import GoblinError, RunFailed
+from goblin_assets.errors import GoblinError, KBError, RunFailed
 from goblin_assets.host import HostFacts, current_host, for_interpreter, keyword_names
 from goblin_assets.ids import make_audit_id
 from goblin_assets.kb.retrieval import KBIndex, embedding_frame, index_for, retrieval_scores, run_symptoms
 from goblin_assets.kb.rules import KnowledgeBase, detect_context, load_kb, local_world_size, match_rules
-from goblin_assets.measure.benchmark import bench_interval, benchmark
+from goblin_assets.measure.benchmark import bench_interval, benchmark, rate_text
 from goblin_assets.measure.calibration import Calibration, calibrate
 from goblin_assets.measure.evidence import NonfiniteEvidence, nonfinite_evidence
 from goblin_assets.measure.failure import diagnose_failure
+from goblin_assets.measure.compile_counters import compile_events_frame, compile_stats
+from goblin_assets.measure.hang import hang_section, read_hang_state
 from goblin_assets.measure.profile import profile_run, timed_metrics
 from goblin_assets.opscope.tensor_findings import TensorFindings
 from goblin_assets.opscope.tensor_findings import tensor_findings as grade_tensors
@@ -228,6 +230,14 @@ class AuditSession:
                  "Nothing was benchmarked and no rule was applied: a patch is only measured against an original "
                  "that runs. Fix the failure (or audit a configuration that runs) and audit again.", ""]
         lines += self._failure_evidence(first, m)
+        hang = read_hang_state(getattr(m, "run_dir", None))
+        if hang is not None:  # a run that made no progress: where each thread waited (measure/hang.py)
+            self.results["failure_kind"] = "hung"
+            try:
+                rules = self.rules().rules
+            except KBError:  # the report still says where it waited
+                rules = []
+            lines += hang_section(hang, rules)
         tail = (getattr(m, "stderr_tail", "") or "").strip()
         if tail:
             lines += ["## The end of its stderr", "", "```", redact(tail[-2000:]), "```", ""]
@@ -358,7 +368,7 @@ class AuditSession:
         if not m.ok:
             raise RunFailed(f"profile_run: {m.failure}\n--- stderr (tail) ---\n{m.stderr_tail[-1500:]}", m)
         self.log(f"{label}: done in {time.perf_counter() - t0:.1f} s ({m.provenance.kind}): {m.steps} steps, "
-                 f"{(m.step_time_s or 0) * 1e3:.1f} ms/step, {m.throughput or 0:.1f} {m.unit}/s")
+                 f"{(m.step_time_s or 0) * 1e3:.1f} ms/step, {rate_text(m.throughput, m.unit)}")
         return m
 
     def profile_run(self) -> RunMetrics:
@@ -699,14 +709,18 @@ class AuditSession:
                 diag, fired = self.results.get("failure_diagnosis"), self.results.get("failure_matches") or []
                 return audit_verdict(failure=self.results["failure"],
                                      failure_class=diag.label if diag is not None else "",
-                                     hazards=hazard_notes(self.rules(), fired) if fired else None)
+                                     hazards=hazard_notes(self.rules(), fired) if fired else None,
+                                     failure_kind=self.results.get("failure_kind", "failed"))
             before, bench = self.profile_run(), self.benchmarks()
             try:
                 interval = bench_interval(bench) if bench else None
             except (KeyError, ValueError):  # an arm missing, or too few repeats for an interval
                 interval = None
             loss_step = next((x.step for x in before.signals or [] if x.id == "loss_nonfinite"), None)
+            after = self.results.get("patched_run")
+            compiled = compile_stats(after.dynamo) if after is not None else None
             return audit_verdict(
+                no_change_because=f"the patched run compiled: {compiled.headline()}" if compiled else "",
                 nonfinite=self.nonfinite(), loss_nonfinite_step=loss_step,
                 hazards=hazard_notes(self.rules(), self.kb_matches()),
                 interval=interval, patch_changes=self._no_change() is None,
@@ -757,7 +771,8 @@ class AuditSession:
             m = self.profile_run()
             return {"runs": F.runs_frame(m, f"{aid}-profile", "profile", aid),
                     "observed_settings": F.observed_frame(self.effective_config(), aid, name, f"{aid}-profile"),
-                    "kernels": F.kernels_frame(m, f"{aid}-profile"), **self._trace_rows("profile")}
+                    "kernels": F.kernels_frame(m, f"{aid}-profile"), **self._trace_rows("profile"),
+                    "compile_events": compile_events_frame(compile_stats(m.dynamo), f"{aid}-profile", name)}
         if stage == "waste_budget":
             return {"waste_budget": F.waste_frame(self.profile_run(), f"{aid}-profile", "profile")}
         if stage == "tensor_sketches":

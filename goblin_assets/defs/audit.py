@@ -33,6 +33,7 @@ from goblin_assets.kb.encoder import MODEL_NAME
 from goblin_assets.kb.retrieval import KBIndex
 from goblin_assets.kb.rules import KnowledgeBase, load_kb
 from goblin_assets.measure.calibration import HISTORY_SQL
+from goblin_assets.measure.compile_counters import compile_stats
 from goblin_assets.redact import redact
 from goblin_assets.report.compare import AuditReport
 from goblin_assets.report.markdown import report_markdown, speedup_text
@@ -127,6 +128,17 @@ def _failed_original(context: dg.AssetExecutionContext, s: AuditSession):
             "rows": 0, "reason": "no rows: the original program failed as written (see the profile_run observation)"})
 
 
+def throughput_metadata(m: RunMetrics) -> dict:
+    """``<unit>_per_sec`` when the run counted samples, else why not (never 0.0 for "none"); with
+    ``torch_compile``: dynamo's record in one line when the run compiled (measure/compile_counters.py)."""
+    out = ({f"{m.unit}_per_sec": m.throughput} if m.throughput is not None else
+           {f"{m.unit}_per_sec": dg.MetadataValue.text("not observable (the harness counted no samples)")})
+    stats = compile_stats(m.dynamo)
+    if stats is not None:
+        out["torch_compile"] = dg.MetadataValue.text(stats.headline())
+    return out
+
+
 @dg.asset(group_name="profiling", pool=POOL, deps=[rocm_image], check_specs=check_specs("profile_run"),
           dagster_type=value_type(RunMetrics), output_required=False, **_AUTO, **_KW)
 def profile_run(context: dg.AssetExecutionContext, workload_source: Workload, runner: RunnerResource,
@@ -143,7 +155,7 @@ def profile_run(context: dg.AssetExecutionContext, workload_source: Workload, ru
     written = warehouse.write(s.rows("profile_run"))
     yield dg.MaterializeResult(value=m, check_results=[rows_check("profile_run", "kernels", written, warehouse)],
                                metadata={**written, "trace": dg.MetadataValue.path(m.trace_path or ""),
-                                         "step_time_s": m.step_time_s, f"{m.unit}_per_sec": m.throughput or 0.0,
+                                         "step_time_s": m.step_time_s, **throughput_metadata(m),
                                          "run_id": f"{s.audit_id}-profile", "provenance": m.provenance.kind})
 
 

@@ -15,6 +15,7 @@ TABLE_PRODUCERS: dict[str, list[str]] = {
     "observed_settings": ["profile_run"],
     "runs": ["profile_run", "tensor_sketches", "benchmark_patched", "recorded_trace"],
     "kernels": ["profile_run", "benchmark_patched", "recorded_trace"],
+    "compile_events": ["profile_run"],
     "waste_budget": ["waste_budget", "benchmark_patched", "recorded_trace"],
     "sketches": ["tensor_sketches", "opscope_sweep", "opscope_seq", "opscope_digits", "opscope_minilm",
                  "inference_dynamics"],

@@ -508,8 +508,20 @@ def _summarise(label: str, runs: list[RunMetrics], key: str, **call: Any) -> Ben
     """One arm's result; ``call``: what the measuring call shares (``pair_id``, ``stop_reason``, ``elapsed_s``,
     ``budget_s``, ``looks``, ``measured_at``)."""
     tps = [r.throughput for r in runs if r.throughput]
-    return BenchmarkResult(label=label, metrics=runs[len(runs) // 2], throughputs=tps, median=statistics.median(tps),
-                           spread=max(tps) - min(tps), cache_key=key, cache_hit=False, **call)
+    # no repeat counted a sample (no DataLoader batch): median and spread 0.0 with no throughputs, which
+    # every reader takes as "no throughput" (report.compare: ``not b.median``)
+    return BenchmarkResult(label=label, metrics=runs[len(runs) // 2], throughputs=tps,
+                           median=statistics.median(tps) if tps else 0.0, spread=max(tps) - min(tps) if tps else 0.0,
+                           cache_key=key, cache_hit=False, **call)
+
+
+def rate_text(throughput: float | None, unit: str) -> str:
+    """``123.4 samples/s``, or why there is none: a run whose batches the harness could not count (no
+    DataLoader, or a batch field it cannot read) has no throughput, only step times."""
+    if throughput is None:
+        return (f"{unit}/s not observable (the harness counted no {unit}: no DataLoader batch, or a batch_field "
+                "it cannot read)")
+    return f"{throughput:.1f} {unit}/s"
 
 
 def _replayed(arms: dict[str, dict[str, Any]], keys: dict[str, str], repeats: int,
@@ -646,7 +658,7 @@ def benchmark(workload: Workload, runner: Runner, arms: dict[str, dict[str, Any]
                 raise RunFailed(f"benchmark {lab}: {raw.failure}", failed_metrics(raw, workload))
             m = timed_metrics(raw, workload)
             runs[lab].append(m)
-            log(f"benchmark {lab} repeat {rep + 1}: {m.throughput:.1f} {workload.unit}/s")
+            log(f"benchmark {lab} repeat {rep + 1}: {rate_text(m.throughput, workload.unit)}")
         rep += 1
         interval = None
         if compare:

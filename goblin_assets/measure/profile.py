@@ -83,6 +83,7 @@ def throughput_fields(raw: RawRun, workload: Workload) -> dict:
         "nonfinite_step": raw.result.first_nonfinite_step,
         "nonfinite_params": list(raw.result.nonfinite_params),
         "observed": raw.result.observed.model_dump() if raw.result.observed is not None else None,
+        "dynamo": raw.result.dynamo,
     }
     return out
 
@@ -191,6 +192,8 @@ def profile_run(workload: Workload, runner: Runner, steps: int = 10, warmup: int
         m.not_observable["tokens_per_sec"] = "workload counts samples, not tokens"
         m.not_observable["padding_share"] = "workload counts samples, not tokens"
         m.not_observable["real_tokens_per_sec"] = "workload counts samples, not tokens"
+    if m.dynamo is None:
+        m.not_observable["dynamo"] = "the script compiled nothing with torch.compile (no dynamo frame was traced)"
     if m.nonfinite_step is None:
         m.not_observable["nonfinite_step"] = (
             "parameters were checked for NaN/Inf after every warm-up step and at the end of the run, not inside "

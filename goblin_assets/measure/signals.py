@@ -24,6 +24,8 @@ import yaml
 
 from goblin_assets.contracts import Signal
 from goblin_assets.errors import KBError
+from goblin_assets.measure.compile_counters import COMPILE_SIGNALS, compile_signals, compile_stats
+from goblin_assets.measure.hang import HANG_SIGNALS
 
 #: The table of known messages (package data).
 SIGNALS_FILE = files("goblin_assets.kb.data") / "signals.yaml"
@@ -37,6 +39,10 @@ DERIVED: dict[str, str] = {
     "trace_activation_recompute": "profiled steps whose trace shows forward work re-run inside backward",
     "trace_sync_wait": "a recorded trace whose host waits in blocking syncs at least a moderate share of the step",
     "trace_cpu_launch_bound": "profiled steps whose trace is bound by the host launching work (device idle)",
+    # torch.compile's own record of the run (goblin_assets/measure/compile_counters.py)
+    **COMPILE_SIGNALS,
+    # where the threads of a hung run waited (goblin_assets/measure/hang.py; the failure report reads them)
+    **HANG_SIGNALS,
 }
 
 
@@ -118,6 +124,7 @@ def run_signals(result: Any, stderr_tail: str = "") -> list[Signal]:
     if params:
         out.append(Signal(id="params_nonfinite", count=len(params), message=params[0], where="parameters",
                           step=getattr(result, "first_nonfinite_step", None), meaning=DERIVED["params_nonfinite"]))
+    out += compile_signals(compile_stats(getattr(result, "dynamo", None)))
     return out
 
 

@@ -6,7 +6,9 @@ the Dagster metadata, ``goblin audit --json``'s ``verdict`` object) starts with
 first:
 
 1. ``failed``: the original program failed as written (nothing else was
-   measured, so nothing else can be judged);
+   measured, so nothing else can be judged); ``hung`` when it failed by making
+   no progress (stopped by the stall watch or the timeout after its stacks
+   were dumped: :mod:`goblin_assets.measure.hang`);
 2. ``unhealthy``: the run went non-finite (NaN/inf in the loss, the model's
    output or its parameters): the numbers it trained on are wrong, so no
    speedup matters until that is fixed;
@@ -30,11 +32,11 @@ from pydantic import BaseModel, Field
 from goblin_assets.measure.benchmark import SpeedupInterval
 from goblin_assets.measure.evidence import NonfiniteEvidence
 
-Kind = Literal["failed", "unhealthy", "hazard", "faster", "slower", "no significant change", "no patch",
+Kind = Literal["failed", "hung", "unhealthy", "hazard", "faster", "slower", "no significant change", "no patch",
                "not measured"]
 
 #: Verdict kinds that mean the run itself is not healthy (``--fail-on unhealthy``).
-UNHEALTHY = ("failed", "unhealthy")
+UNHEALTHY = ("failed", "hung", "unhealthy")
 
 
 class VerdictItem(BaseModel):
@@ -79,7 +81,7 @@ def measured_slower(iv: SpeedupInterval | None) -> bool:
 
 
 def _effect(iv: SpeedupInterval | None, patch_changes: bool, why_no_patch: str,
-            not_measured: str) -> VerdictItem:
+            not_measured: str, no_change_because: str = "") -> VerdictItem:
     if not patch_changes:
         return VerdictItem(kind="no patch", text=why_no_patch or "no rule asked for a change: nothing to benchmark")
     if iv is None:
@@ -88,13 +90,15 @@ def _effect(iv: SpeedupInterval | None, patch_changes: bool, why_no_patch: str,
         return VerdictItem(kind="slower", text=f"patch not recommended: measured {iv.headline()}")
     if iv.verdict == "faster":
         return VerdictItem(kind="faster", text=f"patch measured faster: {iv.headline()}")
-    return VerdictItem(kind="no significant change", text=f"patch measured {iv.headline()}")
+    why = f"; {no_change_because}" if no_change_because else ""
+    return VerdictItem(kind="no significant change", text=f"patch measured {iv.headline()}{why}")
 
 
 def audit_verdict(*, failure: str = "", failure_class: str = "", nonfinite: NonfiniteEvidence | None = None,
                   loss_nonfinite_step: int | None = None, hazards: list | None = None,
                   interval: SpeedupInterval | None = None, patch_changes: bool = True, why_no_patch: str = "",
-                  not_measured: str = "") -> Verdict:
+                  not_measured: str = "", failure_kind: Literal["failed", "hung"] = "failed",
+                  no_change_because: str = "") -> Verdict:
     """The ranked verdict of an audit (pure function).
 
     Parameters
@@ -104,6 +108,11 @@ def audit_verdict(*, failure: str = "", failure_class: str = "", nonfinite: Nonf
     failure_class : str
         The failure's class in words (:class:`goblin_assets.measure.failure.FailureDiagnosis` ``label``, e.g.
         "out of memory"), named first in the ``failed`` item; '' when unknown.
+    no_change_because : str
+        Why a measured patch may change nothing, added to a ``no significant change`` item (e.g. a patch that
+        turns on torch.compile: the patched run's graph breaks, recompiles and compile share).
+    failure_kind : str
+        ``hung`` when the failure is a run that made no progress (its item's kind), else ``failed``.
     nonfinite : NonfiniteEvidence, optional
         Where NaN/inf appeared (:func:`goblin_assets.measure.evidence.nonfinite_evidence`).
     loss_nonfinite_step : int, optional
@@ -128,8 +137,9 @@ def audit_verdict(*, failure: str = "", failure_class: str = "", nonfinite: Nonf
     """
     items: list[VerdictItem] = []
     if failure:
+        verb = "hung" if failure_kind == "hung" else "failed"
         cls = f" ({failure_class})" if failure_class else ""
-        items.append(VerdictItem(kind="failed", text=f"the original program failed as written{cls}: {failure}"))
+        items.append(VerdictItem(kind=failure_kind, text=f"the original program {verb} as written{cls}: {failure}"))
     if nonfinite is not None:
         items.append(VerdictItem(kind="unhealthy", text=nonfinite.headline or "the run went non-finite (NaN/inf)"))
     elif loss_nonfinite_step is not None:
@@ -141,7 +151,7 @@ def audit_verdict(*, failure: str = "", failure_class: str = "", nonfinite: Nonf
         text = found[0].text if len(found[0].text) <= 160 else found[0].text[:157].rstrip() + "..."
         items.append(VerdictItem(kind="hazard", text=f"{found[0].rule_id}: {text}{more}"))
     if not failure:
-        items.append(_effect(interval, patch_changes, why_no_patch, not_measured))
+        items.append(_effect(interval, patch_changes, why_no_patch, not_measured, no_change_because))
     slower = not failure and patch_changes and measured_slower(interval)
     healthy = not any(i.kind in UNHEALTHY for i in items)
     return Verdict(status=items[0].kind, healthy=healthy, items=items,

@@ -73,6 +73,7 @@ from pathlib import Path
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils.data import dataloader as _dl
+from torch.utils.data._utils import worker as _dl_worker
 
 #: The most optimizer steps the warm-up is extended by to drain a DataLoader's prefetch queue.
 MAX_PREFETCH_WARMUP = 8
@@ -126,6 +127,18 @@ def _current_rss_bytes() -> int:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return 0
+
+
+def _sibling(name: str):
+    """The stdlib/torch-only module ``name`` next to this file, loaded by its path (a user's file of the same
+    name cannot shadow it): ``stall`` (heartbeat, stack dumps), ``compile_probe`` (dynamo's counters)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"_goblin_{name}", Path(__file__).with_name(f"{name}.py"))
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
@@ -273,6 +286,14 @@ class Harness:
         self.constructed: list = []  # weak references to every optimizer the script constructed
         # run-time invariants (runners/invariants.py), profile mode only; heavy work in the last warm-up step
         self.inv = load_invariants(self.warmup) if self.mode == "profile" else None
+        self.heartbeat = self.compile_probe = None  # see install_watchers
+
+    def install_watchers(self) -> None:
+        """A heartbeat per optimizer step and stack dumps on a signal (``stall``: the parent's hang watch), and
+        dynamo's record of the run once the script imports ``torch._dynamo`` (``compile_probe``)."""
+        self.heartbeat = _sibling("stall").install(self.out, _dl_worker)
+        self.compile_probe = _sibling("compile_probe").CompileProbe(lambda: self.step)
+        sys.meta_path.insert(0, _AfterImport("torch._dynamo", self.compile_probe.attach))
 
     # -- data loader wrapper --------------------------------------------------
     def install_loader_counter(self) -> None:
@@ -358,6 +379,8 @@ class Harness:
     def on_step(self, optimizer, args, kwargs) -> None:
         now = time.perf_counter()
         self.step += 1
+        if self.heartbeat is not None:
+            self.heartbeat.beat(self.step)
         self.phase = "after the optimizer step"
         self.step_losses.append(self.cur_loss)
         if self.inv is not None:
@@ -539,6 +562,7 @@ class Harness:
             nonfinite_params=self._nonfinite_params(),
             first_nonfinite_step=self.first_nonfinite,
             observed=self.observer.record() if getattr(self, "observer", None) is not None else None,
+            dynamo=self.compile_probe.summary() if self.compile_probe is not None else None,
         )
         if self.device_kind == "cuda":
             result["device_name"] = torch.cuda.get_device_name(0)
@@ -652,6 +676,7 @@ def run(spec: dict) -> int:
     h.install_signal_hooks()
     h.observer = sibling("observe").Observer(spec)  # the settings as they ran (runners/observe.py, issue 27)
     h.observer.install()
+    h.install_watchers()
     cap_trainer_max_steps(h.warmup + h.steps + (MAX_PREFETCH_WARMUP if h.mode in ("profile", "benchmark") else 0))
     handle = register_optimizer_step_post_hook(h.on_step)
     script = spec["script"]
@@ -663,6 +688,8 @@ def run(spec: dict) -> int:
         runpy.run_path(script, run_name="__main__")
     except StepBudgetReached:
         reached = True
+        if h.heartbeat is not None:
+            h.heartbeat.done()
     except SystemExit as exc:
         if exc.code not in (0, None):
             raise

@@ -35,6 +35,8 @@ from goblin_assets import goblin_home
 from goblin_assets.contracts import RunMetrics
 from goblin_assets.runners.oom import OOM_NAME, OOM_TEXT, oom_failure
 from goblin_assets.runners.result import RESULT_NAME, HarnessResult, HarnessResultError, Mode, RawRun
+from goblin_assets.runners.stacks import hang_failure, read_hang
+from goblin_assets.runners.stall import STALL_FACTOR, STALL_MIN_S, StallWatch, dump_stacks
 from goblin_assets.runners.workload import LAUNCH_SUFFIXES, PYTHON_SUFFIXES, Workload, entry_kind
 
 #: The child harness, run by file path so that the user's interpreter needs nothing of Goblin installed.
@@ -98,12 +100,18 @@ class LocalRunner:
         The interpreter the child runs in (the user's environment: its torch,
         transformers, ...); default Goblin's own.  It needs nothing of Goblin
         installed: the harness is run by its file path (:data:`HARNESS`).
+    stall_factor, stall_min_s:
+        A run whose next optimizer step does not come within ``stall_factor``
+        x the median step interval (and at least ``stall_min_s`` seconds) has
+        hung: its stacks are dumped and it is stopped before the timeout
+        (:mod:`goblin_assets.runners.stall`).
     """
 
     kind = "local"
 
     def __init__(self, device: str = "auto", timeout_s: float = 600.0, mem_cap_gb: float | None = 16.0,
-                 python: str | None = None):
+                 python: str | None = None, stall_factor: float = STALL_FACTOR, stall_min_s: float = STALL_MIN_S):
+        self.stall_factor, self.stall_min_s = stall_factor, stall_min_s
         self.device = device
         self.timeout_s = timeout_s
         self.mem_cap_gb = mem_cap_gb
@@ -193,16 +201,22 @@ class LocalRunner:
                 cwd=scratch, env=child_env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
                 preexec_fn=_limit_memory(self.mem_cap_gb),
             )
-            try:
-                rc = proc.wait(timeout=self.timeout_s)
-                timed_out = False
-            except subprocess.TimeoutExpired:
-                timed_out = True
+            watch, stopped = StallWatch(run_dir, self.timeout_s, self.stall_factor, self.stall_min_s), None
+            while True:
                 try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                rc = proc.wait()
+                    rc = proc.wait(timeout=watch.poll_s)
+                    break
+                except subprocess.TimeoutExpired:
+                    stopped = watch.check()
+                if stopped is not None:  # hung or out of time: every thread's stack first, then stop it
+                    dump_stacks(proc.pid, run_dir)
+                    try:
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                    rc = proc.wait()
+                    break
+            timed_out = stopped is not None
         # Data-loader workers left behind by the user's script share the session.
         try:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -213,7 +227,8 @@ class LocalRunner:
         raw = RawRun(ok=False, run_dir=run_dir, mode=mode, stderr_tail=stderr_tail, returncode=rc, wall_s=wall)
         script_name = program.name
         if timed_out:
-            raw.failure = f"{script_name}: timed out after {self.timeout_s:.0f} s (wall-clock limit)"
+            hang = read_hang(run_dir, *stopped)
+            raw.failure, raw.extra["hang"] = hang_failure(script_name, hang), hang.model_dump()
             return raw
         if rc != 0:
             if rc < 0:

@@ -342,6 +342,7 @@ class HarnessResult(BaseModel):
     params_trainable: int = Field(default=0, ge=0)
     observed: ObservedRecord | None = None
     invariants: dict[str, Any] | None = None
+    dynamo: dict[str, Any] | None = None  # torch.compile's record (runners/compile_probe.py; measure/compile_counters)
 
     @property
     def trace_path(self) -> Path | None:

@@ -410,3 +410,14 @@ _CHECKS.update({
 
 for _t, _c in ADDED_COLUMNS:  # an added column must be nullable: the rows already there have no value for it
     assert column_type(_t, _c)[1], f"ADDED_COLUMNS: {_t}.{_c} must be nullable"
+
+
+# --- torch.compile's record of a run (issue 26; goblin_assets/measure/compile_counters.py) ---
+TABLES.update({
+    "compile_events": [
+        ("run_id", "VARCHAR", False), ("workload", "VARCHAR", False), ("event", "VARCHAR", False),
+        ("file", "VARCHAR", True), ("line", "BIGINT", True), ("function", "VARCHAR", True),
+        ("reason", "VARCHAR", False), ("guard_class", "VARCHAR", True), ("count", "BIGINT", False),
+        ("step", "BIGINT", False),
+    ],
+})
