@@ -88,6 +88,21 @@ SETUP = "setup, before the first batch"
 FORWARD = "forward (a batch loaded, no backward yet)"
 
 
+def _sibling(name: str):
+    """The stdlib+torch module ``name``.py next to this file, loaded by its path (as this file is run)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"goblin_harness_{name}", Path(__file__).with_name(f"{name}.py"))
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+#: Tensor census, saved activations, device allocator history (runners/memory_probe.py).
+_memory_probe = _sibling("memory_probe")
+
+
 def is_oom(exc: BaseException) -> bool:
     """True for a failed allocation: ``MemoryError``, torch's ``OutOfMemoryError``, or an allocator's ENOMEM text."""
     return isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError" or bool(
@@ -257,6 +272,8 @@ class Harness:
         self.phase = SETUP  # where the script is (see install_loader_counter / install_signal_hooks)
         self.batch_bytes: int | None = None  # tensor bytes of the last DataLoader batch
         self.constructed: list = []  # weak references to every optimizer the script constructed
+        self.batch_ptrs: set[int] = set()  # storages of the last DataLoader batch (memory census)
+        self.memory = _memory_probe.MemoryRecorder(spec, self.out)
 
     # -- data loader wrapper --------------------------------------------------
     def install_loader_counter(self) -> None:
@@ -280,6 +297,7 @@ class Harness:
             batch = orig(it)
             h.cur[3] += time.perf_counter() - t0
             h.phase, h.batch_bytes = FORWARD, _tensor_bytes(batch)
+            h.batch_ptrs = _memory_probe.batch_storages(batch)
             s, t, n = _leading_count(batch, h.field, h.unit, h.mask_field)
             h.cur[0] += s
             h.cur[1] += t
@@ -364,6 +382,7 @@ class Harness:
             if self.tap is not None:
                 self.tap.flush(self.step - self.warmup - 1)
         self.cur = [0, 0, 0, 0.0, 0]
+        self.memory.on_step(self.step, self.warmup, self._live_optimizers(), self.batch_ptrs)
         if self.step == self.warmup:
             self._begin_measured()
         elif self.step > self.warmup and self.prof is not None and self.step < self.warmup + self.steps:
@@ -434,6 +453,9 @@ class Harness:
             self.tap.__enter__()
 
     # -- a failed allocation ------------------------------------------------------
+    def _live_optimizers(self) -> list:
+        return [o for o in (r() for r in self.constructed) if o is not None]
+
     def memory_held(self) -> dict:
         """Bytes the script's optimizers hold: parameters, gradients and optimizer state (each tensor once).
 
@@ -484,6 +506,7 @@ class Harness:
                          peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                          address_space_bytes=vm.get("VmSize"), address_space_peak_bytes=vm.get("VmPeak"),
                          batch_bytes=self.batch_bytes, **self.memory_held())
+            state.update(self.memory.at_oom(self._live_optimizers(), self.batch_ptrs))
             if self.device_kind == "cuda":
                 state.update(device_allocated_bytes=torch.cuda.memory_allocated(),
                              device_reserved_bytes=torch.cuda.memory_reserved(),
@@ -511,7 +534,7 @@ class Harness:
             python_warnings=list(self.py_warnings.values())[:50], losses=self._losses(),
             grads_missing=self.grads_missing, params_trainable=self.params_trainable,
             nonfinite_params=self._nonfinite_params(),
-            first_nonfinite_step=self.first_nonfinite,
+            first_nonfinite_step=self.first_nonfinite, memory=self.memory.result(),
         )
         if self.device_kind == "cuda":
             result["device_name"] = torch.cuda.get_device_name(0)
@@ -616,6 +639,7 @@ def run(spec: dict) -> int:
     script = spec["script"]
     sys.argv = [script, *spec.get("args", [])]
     sys.path.insert(0, str(Path(script).parent))
+    h.memory.start()
     h.t_last = time.perf_counter()
     reached = False
     try:

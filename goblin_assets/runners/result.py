@@ -141,6 +141,11 @@ class HarnessResult(BaseModel):
     step 1; ``"nan"``/``"inf"`` as strings; None where no scalar backward was
     seen), ``grads_missing`` (per step, trainable parameters of the stepped
     optimizers whose ``.grad`` was None at the step) and ``params_trainable``.
+    ``memory`` is the harness's memory record
+    (:class:`~goblin_assets.runners.memory_probe.MemoryRecorder`): ``census``
+    (live tensor bytes by role when the warm-up ended; None in ``benchmark``
+    mode), ``rss_bytes_by_step`` and, in a memory probe,
+    ``saved_activation_bytes_by_step``.
     Host facts (cores, CPU instruction sets) are not the harness's to report:
     they come from :mod:`goblin_assets.host`.
     """
@@ -158,6 +163,7 @@ class HarnessResult(BaseModel):
     num_threads: int = Field(ge=1)
     max_rss_gb: float = Field(ge=0)
     rss_gb_samples: list[float] = Field(default_factory=list)
+    memory: dict[str, Any] | None = None
     device_name: str | None = None
     device_arch: str | None = None
     mem_peak_gb: float | None = None
