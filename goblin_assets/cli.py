@@ -8,6 +8,7 @@
     goblin chat PATH [--question TEXT] [--base-url URL] [--model NAME] [--json]
     goblin sql "SELECT ..." [--json]
     goblin trace PATH [PATH_B] [--json] [--html OUT]
+    goblin fit PATH [--device mi300x|h100|...] [--json]
 
 Errors are printed as one clear line naming the file and the problem (exit
 code 2); no traceback from deep inside.  ``goblin audit`` exits 0 when the
@@ -235,6 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     pa.set_defaults(fn=cmd_parse)
 
     from goblin_assets.cli_chat import add_chat_parser
+    from goblin_assets.cli_fit import add_fit_parser
     from goblin_assets.cli_kb import add_kb_parser
     from goblin_assets.cli_opscope import add_opscope_parser
     from goblin_assets.cli_opscope_mine import add_mining_parsers
@@ -244,6 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_chat_parser(sub)
     add_mining_parsers(add_opscope_parser(sub))
     add_trace_parser(sub)
+    add_fit_parser(sub)
 
     s = sub.add_parser("sql", help="run a SQL query on the warehouse")
     s.add_argument("query")

@@ -230,7 +230,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("trace",),         # recorded-trace analyses
     ("audit",),         # the audit session and its stages, the synthetic corpus
     ("agent",),         # the conversational agent
-    ("cli", "cli_common", "cli_kb", "cli_chat", "cli_trace", "cli_opscope", "cli_opscope_mine"),  # front doors
+    ("cli", "cli_common", "cli_kb", "cli_chat", "cli_trace", "cli_opscope", "cli_opscope_mine",
+     "cli_fit"),  # front doors
     ("defs", "definitions", "demo", "stack", "ui"),  # orchestration
 )
 

@@ -334,5 +334,28 @@ def smallest_fitting_micro_batch(f: Facts, budget: float) -> tuple[int, int] | N
 
 
 def size_gb(b: float | None) -> str:
-    """``b`` bytes as ``1.234 GB`` (1e9), or ``undetermined``."""
-    return "undetermined" if b is None or (isinstance(b, float) and math.isnan(b)) else f"{b / 1e9:.3f} GB"
+    """``b`` bytes in decimal units (``1.234 GB``, ``12.35 MB``, ``3.4 kB``; 1e9 / 1e6 / 1e3), or ``undetermined``."""
+    if b is None or (isinstance(b, float) and math.isnan(b)):
+        return "undetermined"
+    for unit, scale, digits in (("GB", 1e9, 3), ("MB", 1e6, 2), ("kB", 1e3, 1)):
+        if abs(b) >= scale:
+            return f"{b / scale:.{digits}f} {unit}"
+    return f"{b:.0f} B"
+
+
+def module_facts(module: Any, optimizer: str, micro_batch: int = 1, grad_accum: int = 1) -> Facts:
+    """Facts of a ``torch.nn.Module`` from its parameters alone (no run): weights by dtype, trainable
+    elements by ``requires_grad``; activations undetermined.  Works on a model built on the ``meta``
+    device (nothing allocated).  Buffers count as other live tensors."""
+    by_dtype: dict[str, float] = {}
+    trainable = trainable_bytes = 0
+    for p in module.parameters():
+        d = str(p.dtype).removeprefix("torch.")
+        by_dtype[d] = by_dtype.get(d, 0.0) + p.numel() * p.element_size()
+        if p.requires_grad:
+            trainable += p.numel()
+            trainable_bytes += p.numel() * p.element_size()
+    buffers = float(sum(b.numel() * b.element_size() for b in module.buffers()))
+    return Facts(params_bytes_by_dtype=by_dtype, trainable_params=trainable, trainable_param_bytes=trainable_bytes,
+                 optimizer=optimizer, micro_batch=micro_batch, grad_accum=grad_accum, other_bytes=buffers,
+                 source="modelled")

@@ -91,7 +91,8 @@ def tensor_census(optimizers: list, batch: set[int] | None = None, top: int = TO
         ``batch_bytes``, ``other_tensor_bytes`` (every other live tensor:
         buffers, activations a frame holds), ``total_tensor_bytes``, and
         ``largest``: the ``top`` largest storages as ``{role, shape, dtype,
-        bytes}``.  Counts only tensors Python objects reach (``gc``); what
+        bytes}``; ``_param_storages``, the parameters' data pointers (internal:
+        :class:`MemoryRecorder` removes it).  Counts only tensors Python objects reach (``gc``); what
         only autograd holds is :class:`SavedActivations`'s.
     """
     seen: dict[int, int] = {}
@@ -141,6 +142,7 @@ def tensor_census(optimizers: list, batch: set[int] | None = None, top: int = TO
     out["optimizer_classes"] = sorted({f"{type(o).__module__}.{type(o).__qualname__}" for o in optimizers})
     out["total_tensor_bytes"] = sum(seen.values())
     out["largest"] = sorted(largest, key=lambda r: -r["bytes"])[:top]
+    out["_param_storages"] = {st[0] for st in (_storage(p) for p in params) if st is not None}
     return out
 
 
@@ -154,13 +156,14 @@ class SavedActivations:
 
     def __init__(self):
         self.step_bytes = 0
+        self.exclude: set[int] = set()  # storages not counted: the parameters (a matmul saves its weight)
         self._seen: set[int] = set()
         self.per_step: list[int] = []
         self._ctx = None
 
     def _pack(self, t):
         st = _storage(t) if isinstance(t, torch.Tensor) else None
-        if st is not None and st[0] not in self._seen:
+        if st is not None and st[0] not in self._seen and st[0] not in self.exclude:
             self._seen.add(st[0])
             self.step_bytes += st[1]
         return t
@@ -295,6 +298,10 @@ class MemoryRecorder:
         if step == warmup and self.census is None and self.mode != "benchmark":
             self.census = tensor_census(optimizers, batch)
             self.census["address_space_bytes"] = vm_size_bytes()
+            if self.saved is not None:
+                self.saved.exclude = self.census.pop("_param_storages")
+        if self.census is not None:
+            self.census.pop("_param_storages", None)
 
     def result(self) -> dict:
         out: dict = {"census": self.census, "rss_bytes_by_step": self.rss_by_step}
@@ -313,6 +320,7 @@ class MemoryRecorder:
         extra: dict = {"rss_bytes_by_step": self.rss_by_step}
         try:
             extra["census"] = tensor_census(optimizers, batch)
+            extra["census"].pop("_param_storages", None)
         except MemoryError:
             extra["census"], extra["census_note"] = None, "no memory left to walk the live tensors"
         if self.saved is not None:
