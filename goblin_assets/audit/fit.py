@@ -23,6 +23,7 @@ arenas); a CPU run without a cap the machine's memory.
 from __future__ import annotations
 
 import statistics
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -42,7 +43,7 @@ if TYPE_CHECKING:
 #: Micro-batches of the two probes (the configured batch is never run by ``goblin fit``).
 PROBE_BATCHES: tuple[int, int] = (2, 4)
 #: Steps of a probe: one unprofiled (the census is taken when it ends), then profiled ones.
-PROBE_WARMUP, PROBE_STEPS = 1, 3
+PROBE_WARMUP, PROBE_STEPS = 1, 2
 #: Share of the budget the OOM fix's split may fill by the model: the line through two small probes under-predicted
 #: docstring_lm_oom's peak at micro-batch 32 by 20 % (benchmarks/fit_accuracy.py, docs/measured_facts.md).
 FIX_BUDGET_SHARE = 0.8
@@ -105,19 +106,29 @@ def measured_peak(raw: RawRun) -> tuple[float, str]:
     return census["total_tensor_bytes"] + delta, f"live tensors at the step boundary (gc census) + {how}"
 
 
-def probe(session: AuditSession, micro_batch: int) -> Probe:
-    """Run ``session``'s workload at ``micro_batch`` as a memory probe (profile mode, a few steps)."""
-    variant = session.what_if({"batch_size": micro_batch}) if micro_batch != session.training_config().batch_size \
-        else session
-    raw = variant.runner.run(variant.workload, "profile", steps=PROBE_STEPS, warmup=PROBE_WARMUP,
-                             env={PROBE_ENV: "1"}, label=f"fit-b{micro_batch}")
-    if not raw.ok:
-        raise FitError(f"{session.workload.name}: the probe at micro-batch {micro_batch} failed: {raw.failure}")
-    census = (raw.result.memory or {}).get("census")
-    if not census:
-        raise FitError(f"{session.workload.name}: the probe at micro-batch {micro_batch} took no tensor census")
-    delta, how = in_step_peak(raw)
-    return Probe(micro_batch, raw, census, delta, how)
+def probes(session: AuditSession, batches: tuple[int, ...] = PROBE_BATCHES) -> list[Probe]:
+    """Run ``session``'s workload at each micro-batch of ``batches`` as a memory probe (profile mode, a few
+    steps; the copies are written first, then the probes run side by side)."""
+    cfg_batch = session.training_config().batch_size
+    variants = [session.what_if({"batch_size": b}) if b != cfg_batch else session for b in batches]
+
+    def run(vb: tuple[AuditSession, int]) -> RawRun:
+        v, b = vb
+        return v.runner.run(v.workload, "profile", steps=PROBE_STEPS, warmup=PROBE_WARMUP, env={PROBE_ENV: "1"},
+                            label=f"fit-b{b}")
+
+    with ThreadPoolExecutor(max_workers=len(batches)) as pool:
+        raws = list(pool.map(run, zip(variants, batches)))
+    out = []
+    for b, raw in zip(batches, raws):
+        if not raw.ok:
+            raise FitError(f"{session.workload.name}: the probe at micro-batch {b} failed: {raw.failure}")
+        census = (raw.result.memory or {}).get("census")
+        if not census:
+            raise FitError(f"{session.workload.name}: the probe at micro-batch {b} took no tensor census")
+        delta, how = in_step_peak(raw)
+        out.append(Probe(b, raw, census, delta, how))
+    return out
 
 
 def facts_from_probes(session: AuditSession, small: Probe, large: Probe) -> Facts:
@@ -203,7 +214,7 @@ def memory_fit(session: AuditSession, device: str | None = None) -> dict[str, An
     cfg = session.training_config()
     if cfg.batch_size is None:
         raise FitError(f"{session.workload.name}: the micro-batch is undetermined in {cfg.source_file}")
-    small, large = (probe(session, b) for b in PROBE_BATCHES)
+    small, large = probes(session)
     facts = facts_from_probes(session, small, large)
     limit, basis = budget(session, device, large)
     ok8, why8 = _installed_8bit(session, device)
@@ -254,7 +265,7 @@ def oom_fix(session: AuditSession) -> dict[str, Any] | None:
     from goblin_assets.measure.memory_model import smallest_fitting_micro_batch
 
     try:
-        small, large = (probe(session, b) for b in PROBE_BATCHES)
+        small, large = probes(session)
         facts = facts_from_probes(session, small, large)
     except FitError as exc:
         session.not_observable["oom_fix"] = str(exc)
@@ -269,7 +280,7 @@ def oom_fix(session: AuditSession) -> dict[str, Any] | None:
     after = step_memory(facts, micro_batch=mb, grad_accum=ga)
     change = {"batch_size": mb, "grad_accum_steps": ga}
     variant = session.what_if(change)
-    raw = variant.runner.run(variant.workload, "benchmark", steps=2, warmup=1, label="oom-fix")
+    raw = variant.runner.run(variant.workload, "benchmark", steps=1, warmup=1, label="oom-fix")
     sps = None
     if raw.ok and raw.result is not None:
         samples = sum(p.samples for p in raw.result.per_step)
