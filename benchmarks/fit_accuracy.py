@@ -1,10 +1,10 @@
 """``goblin fit``'s predicted peak against the measured peak of a real profiled run, on the shipped workloads.
 
-    .venv/bin/python benchmarks/fit_accuracy.py [--workloads digits_mlp,minilm_lora_cls,docstring_lm_oom]
+    .venv/bin/python benchmarks/fit_accuracy.py [--workloads digits_mlp,minilm_lora_cls,../tests/data/docstring_lm_oom]
                                                 [--steps 3] [--json]
 
-For each workload (its folder under ``workloads/``, CPU, no address-space
-cap):
+For each workload (its folder relative to ``workloads/``, CPU, no
+address-space cap):
 
 1. ``goblin fit``: two memory probes at micro-batches 2 and 4, never the
    configured batch (:func:`goblin_assets.audit.fit.memory_fit`); the
@@ -50,11 +50,11 @@ def one(name: str, steps: int) -> dict:
     t_fit = time.perf_counter() - t0
     raw = s.runner.run(s.workload, "profile", steps=steps, warmup=1, env={PROBE_ENV: "1"}, label="measured")
     if not raw.ok:
-        return {"workload": name, "error": raw.failure}
+        return {"workload": Path(name).name, "error": raw.failure}
     measured, how = measured_peak(raw)
     pred = ans["peak_bytes"]
     terms = {t["name"]: t["bytes"] for t in ans["step"]["terms"]}
-    return {"workload": name, "micro_batch": ans["step"]["micro_batch"], "predicted_bytes": pred,
+    return {"workload": Path(name).name, "micro_batch": ans["step"]["micro_batch"], "predicted_bytes": pred,
             "measured_bytes": measured, "error": pred / measured - 1.0, "within_bar": abs(pred / measured - 1) <= BAR,
             "measured_how": how, "fit_seconds": t_fit, "terms": terms,
             "saved_for_backward_bytes": (raw.result.memory or {}).get("saved_activation_bytes_by_step")}

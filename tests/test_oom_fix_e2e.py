@@ -2,7 +2,7 @@
 consumers, proposes a split of the micro-batch that keeps the global batch, and the patched program runs
 under the same cap.
 
-workloads/docstring_lm_oom under the cap the README documents (``GOBLIN_RUNNER_MEM_CAP_GB=1.5``): its logits
+tests/data/docstring_lm_oom under the cap the README documents (``GOBLIN_RUNNER_MEM_CAP_GB=1.5``): its logits
 over MiniLM's 30,522-token vocabulary need about 1 GB at the configured micro-batch of 32 sequences.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from goblin_assets.errors import RunFailed
 from goblin_assets.runners.workload import load_workload
 from goblin_assets.settings import AuditSettings
 
-WORKLOAD = Path(__file__).resolve().parents[1] / "workloads" / "docstring_lm_oom"
+WORKLOAD = Path(__file__).resolve().parent / "data" / "docstring_lm_oom"
 #: The cap README.md documents for this workload (GiB, RLIMIT_AS as LocalRunner applies it).
 CAP_GB = 1.5
 
@@ -62,5 +62,6 @@ def test_the_fix_keeps_the_global_batch_and_runs_under_the_same_cap(oom_audit):
     assert f"**original: out of memory at step 1 (backward); patched: ran, {fix['samples_per_sec']:.2f} samples/s**" \
         in report
     assert "global batch 32 -> 32" in report
+    assert "KB rule `memory.oom_split_micro_batch` (Hugging Face Transformers: GPU training" in report
     # the patched run ran under the same runner, so under the same address-space cap
     assert s.runner.mem_cap_gb == CAP_GB

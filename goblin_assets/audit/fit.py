@@ -313,8 +313,21 @@ def _consumers(state: dict[str, Any] | None) -> list[str]:
     return out
 
 
-def oom_report_lines(state: dict[str, Any] | None, fix: dict[str, Any] | None, why_not: str | None) -> list[str]:
-    """The out-of-memory section of a failure report: where, the largest consumers, the fix and its validation."""
+#: The KB rules the out-of-memory fix applies (kb/rocm_rules.yaml): the split, and checkpointing when none fits.
+OOM_RULES = ("memory.oom_split_micro_batch", "memory.oom_gradient_checkpointing")
+
+
+def _cite(rules: dict[str, Any] | None, rid: str) -> str:
+    r = (rules or {}).get(rid)
+    return f"KB rule `{rid}`" + (f" ({r.citation.title}, \"{r.citation.section}\", {r.citation.url})" if r else "")
+
+
+def oom_report_lines(state: dict[str, Any] | None, fix: dict[str, Any] | None, why_not: str | None,
+                     rules: dict[str, Any] | None = None) -> list[str]:
+    """The out-of-memory section of a failure report: where, the largest consumers, the fix and its validation.
+
+    ``rules``: the KB's rules by id (``KnowledgeBase.by_id``), for the citations of :data:`OOM_RULES`.
+    """
     s = state or {}
     phase = s.get("phase", "not observable")
     step = s.get("steps_done", 0) + 1 if s else None
@@ -326,12 +339,14 @@ def oom_report_lines(state: dict[str, Any] | None, fix: dict[str, Any] | None, w
     if s.get("snapshot"):
         lines += [f"Device memory snapshot at the failure: `{s['snapshot']}` (read it with `goblin memory`).", ""]
     if fix is None:
-        lines += [f"No fix was validated: {why_not or 'not observable'}.", ""]
+        lines += [f"No fix was validated: {why_not or 'not observable'}. When a micro-batch of one does not fit, "
+                  f"gradient checkpointing is the next lever: {_cite(rules, OOM_RULES[1])}.", ""]
         return lines
     ch = ", ".join(f"{k}={v}" for k, v in fix["change"].items())
     lines += ["### The fix (keeps the training you asked for)", "",
               f"Lower the micro-batch and raise gradient accumulation: {ch}. Global batch before "
-              f"{fix['global_batch_before']}, after {fix['global_batch_after']}. The memory model predicts a peak of "
+              f"{fix['global_batch_before']}, after {fix['global_batch_after']} ({_cite(rules, OOM_RULES[0])}). "
+              f"The memory model predicts a peak of "
               f"{size_gb(fix['predicted_peak_bytes'])} (was {size_gb(fix['predicted_peak_bytes_before'])}) against "
               f"{size_gb(fix['budget_bytes'])} (the split must fit {FIX_BUDGET_SHARE:.0%} of it): {fix['budget_basis']}.", ""]
     lines += ["| term | before | provenance |", "|---|---|---|"]

@@ -256,7 +256,11 @@ class AuditSession:
         except GoblinError as err:
             fix, self.not_observable["oom_fix"] = None, str(err)
         self.results["oom_fix"] = fix
-        return oom_report_lines(state, fix, self.not_observable.get("oom_fix"))
+        try:
+            rules = self.rules().by_id
+        except GoblinError:
+            rules = None
+        return oom_report_lines(state, fix, self.not_observable.get("oom_fix"), rules)
 
     def memory_fit(self, device: str | None = None) -> dict[str, Any]:
         """``goblin fit``: the step's memory term by term against a budget, and the levers
