@@ -336,6 +336,14 @@ def oom_report_lines(state: dict[str, Any] | None, fix: dict[str, Any] | None, w
              f"{phase}" + (f", at {s['where']}" if s.get("where") else "") + ".", "",
              "Largest consumers at the failure (live tensors, each storage once):", ""]
     lines += [f"- {c}" for c in _consumers(state)] + [""]
+    rss = [r for r in s.get("rss_bytes_by_step") or [] if r is not None]
+    if rss:
+        lines += ["Resident memory after each optimizer step before the failure: "
+                  + ", ".join(size_gb(r) for r in rss[-8:]) + (f"; peak {size_gb(s['peak_rss_bytes'])}"
+                                                              if s.get("peak_rss_bytes") else "") + ".", ""]
+    elif s.get("peak_rss_bytes"):
+        lines += [f"Peak resident memory at the failure: {size_gb(s['peak_rss_bytes'])} (no optimizer step finished "
+                  "before it).", ""]
     if s.get("snapshot"):
         lines += [f"Device memory snapshot at the failure: `{s['snapshot']}` (read it with `goblin memory`).", ""]
     if fix is None:
