@@ -228,3 +228,14 @@ def test_goblin_fit_refuses_an_unknown_device_before_any_probe(tmp_path, monkeyp
     monkeypatch.setenv("GOBLIN_HOME", str(tmp_path))
     assert main(["fit", str(DIGITS), "--device", "nonesuch-gpu"]) == 2
     assert "--device nonesuch-gpu: not a part in the device table" in capsys.readouterr().err
+
+
+def test_the_probe_module_imports_only_the_standard_library_and_torch():
+    """It runs inside the user's interpreter, loaded by path by the harness: nothing of Goblin, no third party."""
+    import ast
+    import sys
+
+    tree = ast.parse(Path(memory_probe.__file__).read_text(encoding="utf-8"))
+    names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    names |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert names - {"torch", "__future__"} <= set(sys.stdlib_module_names), names

@@ -7,7 +7,9 @@ is run by path and imports nothing but the standard library and the user's
 torch, so the user's environment needs nothing of Goblin installed; only the
 ``sketch`` mode's tap is imported from Goblin's package, whose folder the spec
 names (``goblin_path``, appended to ``sys.path`` after the user's own
-packages).  Step boundaries come from torch's *global* optimizer step post hook
+packages), and its stdlib+torch siblings are loaded by their file path
+(:func:`_sibling`: ``memory_probe.py``, the tensor census and the device
+memory snapshot of a failed allocation).  Step boundaries come from torch's *global* optimizer step post hook
 (``torch.optim.optimizer.register_optimizer_step_post_hook``), so the user's
 script is never edited: after ``warmup`` optimizer steps the harness starts
 ``torch.profiler`` (mode ``profile``), times steps without a profiler (mode
