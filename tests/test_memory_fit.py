@@ -188,7 +188,10 @@ def digits_fit(tmp_path_factory):
         with contextlib.redirect_stdout(buf):
             rc = main(["fit", str(DIGITS), "--json"])
     finally:
-        os.environ["GOBLIN_HOME"] = old if old is not None else os.environ.pop("GOBLIN_HOME")
+        if old is None:
+            os.environ.pop("GOBLIN_HOME", None)
+        else:
+            os.environ["GOBLIN_HOME"] = old
     assert rc == 0
     return json.loads(buf.getvalue()), home
 
@@ -239,3 +242,17 @@ def test_the_probe_module_imports_only_the_standard_library_and_torch():
     names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     names |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     assert names - {"torch", "__future__"} <= set(sys.stdlib_module_names), names
+
+
+def test_memory_fit_is_a_workload_partitioned_asset_outside_the_audit_job():
+    """A fit is asked for before a run: its own asset on the workload partitions, not a stage of audit_workload."""
+    import dagster as dg
+
+    from goblin_assets.defs.audit import AUDIT_STAGES
+    from goblin_assets.defs.partitions import workloads_partitions
+    from goblin_assets.definitions import defs
+
+    node = defs.resolve_asset_graph().get(dg.AssetKey("memory_fit"))
+    assert {k.to_user_string() for k in node.parent_keys} == {"workload_source"}
+    assert node.partitions_def == workloads_partitions
+    assert "memory_fit" not in {k.to_user_string() for a in AUDIT_STAGES for k in a.keys}
