@@ -78,8 +78,8 @@ install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
 
 $(DAGSTER_HOME)/dagster.yaml:
-	mkdir -p $(DAGSTER_HOME)
-	printf 'telemetry:\n  enabled: false\nconcurrency:\n  pools:\n    default_limit: 1\n' > $@
+	@mkdir -p $(DAGSTER_HOME)
+	@printf 'telemetry:\n  enabled: false\nconcurrency:\n  pools:\n    default_limit: 1\n' > $@
 
 # The demo keeps runs short: fewer profiled steps, short benchmark repeats and a 30 s benchmark budget per
 # workload (each can be set as usual: GOBLIN_RUNNER_* in goblin_assets/settings.py). DEMO_ARGS=--verbose shows

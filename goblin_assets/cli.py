@@ -9,6 +9,7 @@
     goblin sql "SELECT ..." [--json]
     goblin trace PATH [PATH_B] [--json] [--html OUT]
     goblin fit PATH [--device mi300x|h100|...] [--json]
+    goblin memory SNAPSHOT.pickle [--json] [--html OUT]
 
 Errors are printed as one clear line naming the file and the problem (exit
 code 2); no traceback from deep inside.  ``goblin audit`` exits 0 when the
@@ -98,8 +99,12 @@ def cmd_audit(args) -> int:
             raise
         v = s.verdict()  # the original failed as written: that is the audit's finding, with its report
         if args.json:
+            diag = s.results.get("failure_diagnosis")
             _print_json({"verdict": v.model_dump(), "audit_id": s.audit_id, "workload": s.workload.name,
-                         "failure": s.results["failure"], "report_path": str(s.report_path)})
+                         "failure": s.results["failure"], "report_path": str(s.report_path),
+                         "failure_diagnosis": diag.to_json() if diag is not None else None,
+                         "fired_rules": [m.rule_id for m in s.results.get("failure_matches") or [] if m.fired],
+                         "not_observable": dict(s.not_observable)})
         else:
             out.print("\n".join(_plain_summary(s, None)), highlight=False, markup=False)
         return EXIT_FAIL_ON if _fails_on(v, args.fail_on) else 0
@@ -238,6 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
     from goblin_assets.cli_chat import add_chat_parser
     from goblin_assets.cli_fit import add_fit_parser
     from goblin_assets.cli_kb import add_kb_parser
+    from goblin_assets.cli_memory import add_memory_parser
     from goblin_assets.cli_opscope import add_opscope_parser
     from goblin_assets.cli_opscope_mine import add_mining_parsers
     from goblin_assets.cli_trace import add_trace_parser
@@ -247,6 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_mining_parsers(add_opscope_parser(sub))
     add_trace_parser(sub)
     add_fit_parser(sub)
+    add_memory_parser(sub)
 
     s = sub.add_parser("sql", help="run a SQL query on the warehouse")
     s.add_argument("query")

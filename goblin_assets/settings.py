@@ -45,7 +45,9 @@ class AuditSettings(BaseModel):
     ``bench_repeats`` alternating repeats per arm (the minimum: more pairs
     are added while the speedup's interval is undecided and
     ``bench_budget_s``, wall-clock seconds of the whole benchmark stage, is
-    not spent; measure/benchmark.py), ``bench_cache`` whether a benchmark
+    not spent; measure/benchmark.py; a patch of several rules measured
+    slower gets one more such budget, split between measuring each rule alone
+    and the patch without the slower ones: audit/session.py), ``bench_cache`` whether a benchmark
     the cache can answer is replayed from it (False: measured afresh and the
     cache entries replaced; ``goblin audit --no-cache``), ``sketch_steps``
     recorded by the matmul tap.  ``timeout_s``: wall-clock limit per child run

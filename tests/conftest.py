@@ -110,3 +110,17 @@ def checkout_home_untouched():
     after = _checkout_state()
     changed = sorted(p for p, t in after.items() if before.get(p) != t)
     assert not changed, "tests wrote into the checkout's .goblin: " + ", ".join(changed[:5])
+
+
+#: The host facts of a CPU without bf16 matrix instructions: :data:`TEST_HOST` of the ``plain`` kind.
+PLAIN_HOST = {"amx_bf16": False, "avx512_bf16": False}
+
+
+@pytest.fixture
+def plain_host():
+    """The test runs on the ``plain`` host kind whatever ``GOBLIN_TEST_HOST_KIND`` says: for a test whose
+    expectation is that host's (no bf16 matrix instructions: the bf16 rules stay quiet)."""
+    from goblin_assets.host import use_host
+
+    with use_host(PLAIN_HOST) as h:
+        yield h

@@ -1,10 +1,13 @@
 """One bad scenario never blocks another: each corpus scenario is judged in its own partition.
 
 A temporary ``GOBLIN_WORKLOADS`` holds a good scenario (a copy of a shipped
-one) and a recording of a failed run (``ok: false``).  Through Dagster, only
-the bad partition's check fails (and stops that partition); the good
-partition materializes through its report; the corpus summary on
-``kb_rules`` names the bad scenario without raising or blocking anything.
+one) and a recording of a failed run (``ok: false``).  Through Dagster, the
+good partition materializes through its report; the failed recording's
+partition is audited as the failure it records (its profile_run observes the
+verdict and the failure report, the stages that need a run are skipped, the
+run succeeds); the corpus summary on ``kb_rules`` names the failed scenario
+(its tuning rules cannot be judged on a failed run) without raising or
+blocking anything.
 Without a ``synthetic/`` folder the summary passes.
 """
 from __future__ import annotations
@@ -65,7 +68,7 @@ def corpus_instance(tmp_path, monkeypatch):
     return root, instance, dagster_resources(tmp_path / "wh.duckdb")
 
 
-def test_only_the_bad_partition_check_fails_and_the_good_partition_materializes(corpus_instance):
+def test_the_good_partition_materializes_and_the_failed_recording_is_audited_as_its_failure(corpus_instance):
     _, instance, resources = corpus_instance
     assets = [*AUDIT_ASSETS]
     top = dg.materialize(assets, selection=["kb_rules", "kb_index"], instance=instance, resources=resources)
@@ -81,11 +84,17 @@ def test_only_the_bad_partition_check_fails_and_the_good_partition_materializes(
     assert good.asset_materializations_for_node("audit_report")
     bad = dg.materialize(assets, selection=partitioned, partition_key=BAD, instance=instance, resources=resources,
                          raise_on_error=False)
-    assert not bad.success
-    assert _checks(bad) == {"scenario_recording": False}             # stopped at its own check, with the reason
+    assert bad.success                           # a recording of a failed run is audited as that failure (exit 0)
+    assert _checks(bad)["scenario_recording"]
     ev = next(e for e in bad.get_asset_check_evaluations() if e.check_name == "scenario_recording")
-    assert "ok: false" in ev.metadata["reason"].value and "CUDA out of memory" in ev.metadata["reason"].value
-    assert not bad.asset_materializations_for_node("profile_run")    # nothing downstream ran for it
+    assert ev.metadata["reason"].value == "a recording of a failed run: audited as the failure it records"
+    assert not bad.asset_materializations_for_node("profile_run")    # no run to hand on: the rest is skipped
+    obs = [e.event_specific_data.asset_observation for e in bad.all_events if e.event_type_value == "ASSET_OBSERVATION"]
+    meta = next(o.metadata for o in obs if o.asset_key == dg.AssetKey("profile_run"))
+    assert meta["verdict_status"].value == "failed" and meta["failure_class"].value == "out_of_memory"
+    assert "memory.out_of_memory_failure" in meta["fired_rules"].value
+    assert "## Diagnosis" in meta["report"].value and "CUDA out of memory" in meta["report"].value
+    assert not bad.asset_materializations_for_node("audit_report")
 
 
 def test_a_scenario_that_misses_its_rules_fails_its_own_kb_matches_check(corpus_instance):

@@ -34,5 +34,9 @@ def test_digits_audit_on_both_kinds_of_host(bf16_units, goblin_home):
     # the loader-bound MLP is not compute-bound: the bf16 rule stays quiet on either host
     fired = {m.rule_id for m in s.kb_matches() if m.fired}
     assert "precision.cpu_bf16_amx" not in fired
-    assert s.report_path.is_file() and s.audit_report().measured_speedup > 0
+    assert s.report_path.is_file()
+    if fired:   # the loader rule reads the measured data-wait share: a loaded machine can keep it quiet
+        assert s.audit_report().measured_speedup > 0
+    else:
+        assert s.verdict().status == "no patch"
     assert s.to_json()["host"]["cpu_bf16_matmul"] is bf16_units

@@ -10,14 +10,14 @@ from goblin_assets.defs.resources import ReplayRunnerResource, runner_from_env
 from goblin_assets.host import HOST_FACTS_ENV, HostError, HostFacts, current_host, host_overrides, reset_host, use_host
 from goblin_assets.runners.replay import ReplayRunner
 from goblin_assets.settings import AuditSettings, SettingsError
-from tests.conftest import TEST_HOST, WORKLOADS
+from tests.conftest import TEST_HOST, TEST_HOST_KIND, WORKLOADS
 
 
 def test_the_suite_runs_on_the_test_host_whatever_the_machine():
     host = current_host()
     assert host.source == "set"
     assert {k: getattr(host, k) for k in TEST_HOST} == TEST_HOST
-    assert host.cpu_bf16_matmul is False
+    assert host.cpu_bf16_matmul is (TEST_HOST_KIND == "bf16")   # GOBLIN_TEST_HOST_KIND decides, not the machine
 
 
 @pytest.mark.parametrize("amx,avx512,want", [(True, False, True), (False, True, True), (False, False, False),

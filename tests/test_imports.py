@@ -231,7 +231,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("audit",),         # the audit session and its stages, the synthetic corpus
     ("agent",),         # the conversational agent
     ("cli", "cli_common", "cli_kb", "cli_chat", "cli_trace", "cli_opscope", "cli_opscope_mine",
-     "cli_fit"),  # front doors
+     "cli_memory", "cli_fit"),  # front doors
     ("defs", "definitions", "demo", "stack", "ui"),  # orchestration
 )
 

@@ -49,7 +49,7 @@ def test_minilm_on_a_host_with_bf16_units_gets_bf16_that_the_trainer_accepts(bf1
     assert bf16_audit.audit_report().measured_speedup > 0 and bf16_audit.report_path.is_file()
 
 
-def test_minilm_audit_end_to_end(tmp_path, monkeypatch):
+def test_minilm_audit_end_to_end(tmp_path, monkeypatch, plain_host):
     monkeypatch.setenv("GOBLIN_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
@@ -59,7 +59,7 @@ def test_minilm_audit_end_to_end(tmp_path, monkeypatch):
                              bench_steps=8, bench_repeats=2,
                              sketch_steps=1)
     res = AuditSession.open(wl, settings=settings, kb=kb).run_all()
-    assert res.host.cpu_bf16_matmul is False  # the suite's host: no bf16 units, whatever this machine has
+    assert res.host.cpu_bf16_matmul is False  # the plain host: no bf16 units, whatever this machine has
 
     # the profiled baseline: tokens from the real input_ids the Trainer's (accelerate-wrapped) DataLoader yields
     m = res.profile_run()

@@ -68,7 +68,7 @@ def test_patched_copy_leaves_the_users_file_alone(digits_patch):
     assert p.patched_file and "torch.set_num_threads(1)" in open(p.patched_file).read()
 
 
-def test_no_rule_fires_when_loader_is_not_the_bottleneck(tmp_path):
+def test_no_rule_fires_when_loader_is_not_the_bottleneck(tmp_path, plain_host):
     cfg = parse_config(WORKLOADS / "digits_mlp" / "train.py")
     run = _loader_bound_run()
     run.waste_budget["data_wait"].seconds = 0.001

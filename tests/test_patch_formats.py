@@ -184,7 +184,7 @@ def _minilm_run() -> RunMetrics:
                                                torch_version="2.13.0+cpu"))
 
 
-def test_minilm_patch_comes_from_kb_rules_and_applies(tmp_path):
+def test_minilm_patch_comes_from_kb_rules_and_applies(tmp_path, plain_host):
     root = WORKLOADS / "minilm_lora_cls"
     cfg = parse_config(root / "train.py")
     assert (cfg.padding, cfg.attention_impl, cfg.group_by_length) == ("max_length", "eager", False)

@@ -69,6 +69,7 @@ from goblin_assets.kb.rules import KnowledgeBase, detect_context, load_kb, local
 from goblin_assets.measure.benchmark import bench_interval, benchmark
 from goblin_assets.measure.calibration import Calibration, calibrate
 from goblin_assets.measure.evidence import NonfiniteEvidence, nonfinite_evidence
+from goblin_assets.measure.failure import diagnose_failure
 from goblin_assets.measure.profile import profile_run, timed_metrics
 from goblin_assets.opscope.tensor_findings import TensorFindings
 from goblin_assets.opscope.tensor_findings import tensor_findings as grade_tensors
@@ -78,7 +79,7 @@ from goblin_assets.redact import redact
 from goblin_assets.report.compare import AuditReport, compare_runs, hazard_notes
 from goblin_assets.report.html import write_html, write_report
 from goblin_assets.report.markdown import ReplayReport, replay_report
-from goblin_assets.report.verdict import Verdict, audit_verdict
+from goblin_assets.report.verdict import Verdict, audit_verdict, measured_slower
 from goblin_assets.runners.base import Runner
 from goblin_assets.runners.devices import device_facts
 from goblin_assets.runners.factory import make_runner, runner_for
@@ -225,6 +226,7 @@ class AuditSession:
                  f"{redact(first)}", "",
                  "Nothing was benchmarked and no rule was applied: a patch is only measured against an original "
                  "that runs. Fix the failure (or audit a configuration that runs) and audit again.", ""]
+        lines += self._failure_evidence(first, m)
         if "ran out of memory" in first:
             lines += self._oom_section(exc)
         tail = (getattr(m, "stderr_tail", "") or "").strip()
@@ -239,6 +241,56 @@ class AuditSession:
         path.write_text("\n".join(lines) + "\n", encoding="utf-8")
         self.results["report_path"] = path
         return path
+
+    def _failure_evidence(self, first: str, m: RunMetrics | None) -> list[str]:
+        """The failure as evidence: its class (measure/failure.py) and the rules that match on what it printed.
+
+        Sets ``results["failure_diagnosis"]`` (a FailureDiagnosis) and ``results["failure_matches"]`` (every
+        rule checked on the failed run's config, recording, host and failure signals); returns the report's
+        "Diagnosis" section.  A rule check that cannot run is said in :attr:`not_observable` (``failure_rules``).
+        """
+        diag = diagnose_failure(first, getattr(m, "stderr_tail", "") or "", m)
+        self.results["failure_diagnosis"] = diag
+        matches: list[RuleMatch] = []
+        if m is not None:
+            try:
+                failed = m.model_copy(update={"signals": diag.signals})
+                matches = match_rules(self.rules(), detect_context(
+                    self.training_config(), failed, self.host, cores=self.cores(),
+                    patterns=pd.DataFrame(columns=columns("patterns"))))
+            except GoblinError as exc:
+                self.not_observable["failure_rules"] = f"the rules could not be checked on the failure: {exc}"
+        self.results["failure_matches"] = matches
+        known = [f"exit status {diag.exit_status}" if diag.exit_status is not None else "",
+                 f"{diag.last_step} steps completed" if diag.last_step else ""]
+        lines = ["## Diagnosis", "", f"**{diag.label}** (class `{diag.failure_class}`)"
+                 + (f": `{redact(diag.evidence)}`" if diag.evidence else "") + "."
+                 + (f" {'; '.join(k for k in known if k)}." if any(known) else ""), ""]
+        lines += self._snapshot_evidence()
+        notes = hazard_notes(self.rules(), matches) if matches else []
+        if notes:
+            lines += ["## Rules that match the failure", ""]
+            lines += [f"- **{h.rule_id}** ({h.kind}): {h.text} What to do: {h.action} Source: [{h.title}]({h.url})"
+                      for h in notes]
+            lines.append("")
+        return lines
+
+    def _snapshot_evidence(self) -> list[str]:
+        """A memory snapshot in the workload's folder (``*.pickle``, ``torch.cuda.memory._dump_snapshot``) read
+        for the failure report (trace/memory_snapshot.py: nothing in it is run); [] when there is none."""
+        from goblin_assets.trace.memory_snapshot import analyze_snapshot
+
+        lines: list[str] = []
+        for path in sorted(self.workload.root.glob("*.pickle"))[:1]:
+            try:
+                rep = analyze_snapshot(path)
+            except GoblinError as exc:
+                self.not_observable["memory_snapshot"] = str(exc)
+                continue
+            self.results["memory_snapshot"] = rep
+            lines += [f"## Memory snapshot ({path.name})", "", *[f"- {d}" for d in rep.diagnosis],
+                      *[f"- {k}: {v}" for k, v in rep.notes.items()], ""]
+        return lines
 
     def _oom_section(self, exc: RunFailed) -> list[str]:
         """The out-of-memory part of a failure report: where, the largest consumers, the validated fix
@@ -515,15 +567,72 @@ class AuditSession:
             s, p = self.settings, self.patch()
             self.log(f"benchmarks: at least {s.bench_repeats} alternating repeats of {s.bench_steps} steps, baseline "
                      f"and patched (more within {s.bench_budget_s:g} s until the speedup's interval decides)")
-            arms = {
-                "baseline": {"config": self.training_config().values(), "script": self.workload.script},
-                "patched": {"config": p.new_config, "script": Path(p.patched_file or self.workload.script),
-                            "env": p.env, "unset_env": p.unset_env},
-            }
-            return benchmark(self.workload, self.runner, arms, steps=s.bench_steps, repeats=s.bench_repeats,
-                             warmup=s.warmup_steps, budget_s=s.bench_budget_s, log=self.log,
-                             use_cache=s.bench_cache)
+            return self._isolated(self._benchmark(p, s.bench_budget_s))
         return self._memo("benchmarks", bench)
+
+    def _benchmark(self, p: Patch, budget_s: float | None) -> dict[str, BenchmarkResult]:
+        """Baseline vs the patched program of ``p``: :func:`benchmark` with the session's settings."""
+        s = self.settings
+        arms = {
+            "baseline": {"config": self.training_config().values(), "script": self.workload.script},
+            "patched": {"config": p.new_config, "script": Path(p.patched_file or self.workload.script),
+                        "env": p.env, "unset_env": p.unset_env},
+        }
+        return benchmark(self.workload, self.runner, arms, steps=s.bench_steps, repeats=s.bench_repeats,
+                         warmup=s.warmup_steps, budget_s=budget_s, log=self.log, use_cache=s.bench_cache)
+
+    def _isolated(self, bench: dict[str, BenchmarkResult]) -> dict[str, BenchmarkResult]:
+        """``bench``, or, when a patch of several rules measured slower, the benchmark of its rules that are not.
+
+        Each applied rule is benchmarked alone against the original (the
+        session's budget split between them; :attr:`results` ``rule_isolation``
+        keeps every rule's interval).  The rules measured slower alone
+        (:func:`~goblin_assets.report.verdict.measured_slower`) are the
+        culprits: they are excluded with "not recommended: measured alone ..."
+        and the rest is written, validated and measured again (a single rule
+        left reuses its own measurement).  When every rule, or none, measured
+        slower alone, the whole patch stays as measured (not recommended
+        together).
+        """
+        p = self.patch()
+        try:
+            interval = bench_interval(bench)
+        except (KeyError, ValueError):
+            return bench
+        if len(p.applied) < 2 or p.change_set is None or not measured_slower(interval):
+            return bench
+        applied = [a.rule_id for a in p.applied]
+        cs = ChangeSet.model_validate(p.change_set)
+        budget = self.settings.bench_budget_s / (len(applied) + 1) if self.settings.bench_budget_s else None
+        self.log(f"benchmarks: the patch of {len(applied)} rules measured {interval.headline()}: "
+                 "each rule measured alone to find the slower one")
+        alone: dict[str, tuple[dict[str, BenchmarkResult], Any]] = {}
+        for rid in applied:
+            q = self._written(cs.without({o: "measured alone" for o in applied if o != rid}),
+                              self.out_dir / "isolate" / rid)
+            if not q.applied:
+                continue
+            try:
+                res = self._benchmark(q, budget)
+                alone[rid] = (res, bench_interval(res))
+            except (RunFailed, KeyError, ValueError) as exc:
+                self.log(f"benchmarks: {rid} alone could not be measured ({str(exc).splitlines()[0]})")
+        self.results["rule_isolation"] = [
+            {"rule_id": rid, "interval": iv.model_dump(), "slower": measured_slower(iv)}
+            for rid, (_, iv) in alone.items()]
+        culprits = {rid: f"not recommended: measured alone {iv.headline()}"
+                    for rid, (_, iv) in alone.items() if measured_slower(iv)}
+        kept = [rid for rid in applied if rid not in culprits]
+        if not culprits or not kept:
+            return bench
+        for rid, why in culprits.items():
+            self.log(f"benchmarks: dropped {rid}: {why}")
+        q = self._validated(self._written(cs.without(culprits), self.out_dir))
+        (self.out_dir / "patch.diff").write_text(q.diff, encoding="utf-8")
+        self.results["patch"] = q
+        if [a.rule_id for a in q.applied] == kept and len(kept) == 1 and kept[0] in alone:
+            return alone[kept[0]][0]
+        return self._benchmark(q, budget)
 
     def _no_change(self) -> str | None:
         """Why the patch needs no benchmark (it changes nothing in the program), or None.
@@ -599,7 +708,10 @@ class AuditSession:
             if seeded is not None:  # a report computed elsewhere (a Dagster step) carries its verdict
                 return seeded
             if self.results.get("failure"):
-                return audit_verdict(failure=self.results["failure"])
+                diag, fired = self.results.get("failure_diagnosis"), self.results.get("failure_matches") or []
+                return audit_verdict(failure=self.results["failure"],
+                                     failure_class=diag.label if diag is not None else "",
+                                     hazards=hazard_notes(self.rules(), fired) if fired else None)
             before, bench = self.profile_run(), self.benchmarks()
             try:
                 interval = bench_interval(bench) if bench else None
@@ -754,6 +866,7 @@ class AuditSession:
                      "cpu_bf16_matmul": self.host.cpu_bf16_matmul, "devices": self.host.devices,
                      "python": getattr(self.runner, "python", None), "packages": self.packages_seen()},
             "patch_validation": self.results.get("patch_validation", []),
+            "rule_isolation": self.results.get("rule_isolation", []),
             "nonfinite": self.nonfinite().to_json() if self.nonfinite() is not None else None,
             "not_observable": dict(self.not_observable),
             "tensor_findings": self.tensor_findings().to_json(),

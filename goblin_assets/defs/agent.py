@@ -5,7 +5,7 @@ import dagster as dg
 from goblin_assets.agent import FinalReport, run_agent, transcript_markdown
 from goblin_assets.agent.factory import make_backend
 from goblin_assets.contracts import BenchmarkResult, ConfigDict, Patch, RuleMatch, RunMetrics
-from goblin_assets.defs.audit import audit_session
+from goblin_assets.defs.audit import audit_session, measured_arms
 from goblin_assets.defs.partitions import workloads_partitions
 from goblin_assets.defs.resources import RunnerResource
 from goblin_assets.kb.rules import KnowledgeBase
@@ -33,8 +33,7 @@ def audit_conversation(context: dg.AssetExecutionContext, config: ConversationCo
     agent's benchmark and comparison tools say so (not observable, with the reason) and its rules were
     checked on the recorded host.
     """
-    bench_p, after = benchmark_patched if benchmark_patched is not None else (None, None)
-    bench = {"baseline": benchmark_baseline, "patched": bench_p} if benchmark_baseline is not None else None
+    bench, after, patch = measured_arms(benchmark_baseline, benchmark_patched, patch)
     session = audit_session(context, workload_source, runner, kb=kb_rules, training_config=training_config,
                             profile_run=profile_run, kb_matches=kb_matches, patch=patch, benchmarks=bench,
                             patched_run=after, audit_report=audit_report)

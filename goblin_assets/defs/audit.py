@@ -28,6 +28,7 @@ from goblin_assets.defs.checks import (
 )
 from goblin_assets.defs.partitions import workloads_partitions
 from goblin_assets.defs.resources import POOL, RunnerResource, WarehouseResource
+from goblin_assets.errors import RunFailed
 from goblin_assets.kb.encoder import MODEL_NAME
 from goblin_assets.kb.retrieval import KBIndex
 from goblin_assets.kb.rules import KnowledgeBase, load_kb
@@ -104,18 +105,45 @@ def training_config(context: dg.AssetExecutionContext, workload_source: Workload
                                                                         + rows)})
 
 
+def _failed_original(context: dg.AssetExecutionContext, s: AuditSession):
+    """The events of a profile run whose original failed as written (live, or a recording of a failed run).
+
+    The failure is the audit's finding: its report is written (report.md with the diagnosis and the rules that
+    match the failure), an observation of ``profile_run`` carries the verdict, and no output is yielded, so the
+    stages that need a run are skipped, not failed: the run succeeds (what ``goblin audit`` exit 0 is).
+    """
+    v, diag = s.verdict(), s.results.get("failure_diagnosis")
+    fired = [m.rule_id for m in s.results.get("failure_matches") or [] if m.fired]
+    report = s.report_path.read_text(encoding="utf-8") if s.report_path else ""
+    context.log.info(f"profile_run: {v.headline}")
+    yield dg.AssetObservation(asset_key=context.asset_key, partition=context.partition_key, metadata={
+        "verdict": v.headline, "verdict_status": v.status, "healthy": v.healthy,
+        "failure_class": diag.failure_class if diag is not None else "unknown",
+        "fired_rules": dg.MetadataValue.json(fired), "report": dg.MetadataValue.md(report),
+        "report_path": dg.MetadataValue.path(str(s.report_path))})
+    for spec in check_specs("profile_run"):
+        yield dg.AssetCheckResult(check_name=spec.name, passed=True, metadata={
+            "rows": 0, "reason": "no rows: the original program failed as written (see the profile_run observation)"})
+
+
 @dg.asset(group_name="profiling", pool=POOL, deps=[rocm_image], check_specs=check_specs("profile_run"),
-          dagster_type=value_type(RunMetrics), **_AUTO, **_KW)
+          dagster_type=value_type(RunMetrics), output_required=False, **_AUTO, **_KW)
 def profile_run(context: dg.AssetExecutionContext, workload_source: Workload, runner: RunnerResource,
                 warehouse: WarehouseResource):
-    """A few steps of the workload under torch.profiler in a child process: RunMetrics and a Chrome trace (a replay folder's recording, labelled replayed or modelled)."""
+    """A few steps of the workload under torch.profiler in a child process: RunMetrics and a Chrome trace (a replay folder's recording, labelled replayed or modelled).  When the original fails as written (or the recording is of a failed run), its failure report instead, and the stages that need a run are skipped."""
     s = audit_session(context, workload_source, runner)
-    m = s.profile_run()
+    try:
+        m = s.profile_run()
+    except RunFailed:
+        if not s.results.get("failure"):
+            raise
+        yield from _failed_original(context, s)
+        return
     written = warehouse.write(s.rows("profile_run"))
-    return dg.MaterializeResult(value=m, check_results=[rows_check("profile_run", "kernels", written, warehouse)],
-                                metadata={**written, "trace": dg.MetadataValue.path(m.trace_path or ""),
-                                          "step_time_s": m.step_time_s, f"{m.unit}_per_sec": m.throughput or 0.0,
-                                          "run_id": f"{s.audit_id}-profile", "provenance": m.provenance.kind})
+    yield dg.MaterializeResult(value=m, check_results=[rows_check("profile_run", "kernels", written, warehouse)],
+                               metadata={**written, "trace": dg.MetadataValue.path(m.trace_path or ""),
+                                         "step_time_s": m.step_time_s, f"{m.unit}_per_sec": m.throughput or 0.0,
+                                         "run_id": f"{s.audit_id}-profile", "provenance": m.provenance.kind})
 
 
 @dg.asset(group_name="profiling", pool=POOL, check_specs=check_specs("waste_budget"),
@@ -252,10 +280,26 @@ def benchmarks(context: dg.AssetExecutionContext, workload_source: Workload, tra
     meta = warehouse.write(s.rows("benchmarks"))
     for lab in ("baseline", "patched"):
         b = bench[lab]
-        yield dg.Output((b, after) if lab == "patched" else b, output_name=f"benchmark_{lab}", metadata={
+        # the patched arm carries the patch it measured: a slower rule isolated here leaves the patch asset's
+        # value behind (AuditSession._isolated), and the report must describe what was measured
+        yield dg.Output((b, after, s.patch()) if lab == "patched" else b, output_name=f"benchmark_{lab}", metadata={
             **meta, "status": "measured", "median_per_s": b.median, "spread_per_s": b.spread,
             "throughputs": dg.MetadataValue.json(b.throughputs), "cache_hit": b.cache_hit})
     yield rows_check("benchmark_baseline", "benchmarks", meta, warehouse)
+
+
+def measured_arms(benchmark_baseline: BenchmarkResult | None, benchmark_patched: tuple | None,
+                  patch: Patch) -> tuple[dict[str, BenchmarkResult] | None, RunMetrics | None, Patch]:
+    """The benchmarks stage's outputs as the session takes them: the arms by label (None when nothing was
+    measured), the patched run, and the patch they measured.
+
+    ``benchmark_patched`` is ``(result, patched run, patch measured)``, ``(None, None)`` when nothing was
+    measured, or ``(result, patched run)`` as materialized before the patch was carried; the patch measured
+    differs from the ``patch`` asset's value when a slower rule was withdrawn (AuditSession._isolated).
+    """
+    bench_p, after, *measured = benchmark_patched if benchmark_patched is not None else (None, None)
+    bench = {"baseline": benchmark_baseline, "patched": bench_p} if benchmark_baseline is not None else None
+    return bench, after, (measured[0] if measured else patch)
 
 
 @dg.asset(group_name="reports", pool=POOL, **_AUTO, **_KW)
@@ -269,8 +313,7 @@ def audit_report(context: dg.AssetExecutionContext, profile_run: RunMetrics,
     ``kb_matches``, ``tensor_sketches`` and ``mined_patterns`` are the upstream assets' values: the report
     step matches and records nothing again (in a fresh step process that would load the embedding model,
     encode the KB and run the workload under the sketch taps once more)."""
-    bench_p, after = benchmark_patched
-    bench = {"baseline": benchmark_baseline, "patched": bench_p} if benchmark_baseline is not None else None
+    bench, after, patch = measured_arms(benchmark_baseline, benchmark_patched, patch)
     s = audit_session(context, workload_source, runner, profile_run=profile_run, benchmarks=bench,
                       patched_run=after, patch=patch, training_config=training_config, kb_matches=kb_matches,
                       tensor_sketches=tensor_sketches, mined_patterns=mined_patterns,

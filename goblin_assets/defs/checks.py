@@ -47,8 +47,8 @@ OTHER_CHECKS: dict[str, tuple[str, bool, str]] = {
         "waste_budget", True, "The waste-budget buckets add up to the measured step time within 5%."),
     "scenario_recording": (
         "workload_source", True, "A corpus scenario's files can be replayed: its expected_findings.yaml parses and "
-                                 "its recording (cached_metrics.json) is of a run that succeeded.  Other workloads "
-                                 "pass."),
+                                 "its recording (cached_metrics.json) is a valid RunMetrics (a recording of a failed "
+                                 "run is audited as that failure).  Other workloads pass."),
     "scenario_expected_findings": (
         "kb_matches", True, "A corpus scenario fires every rule of its expected_findings.yaml `must_fire` and none of "
                             "`must_not_fire`.  Other workloads pass."),
@@ -168,9 +168,12 @@ def scenario_recording(partition: str) -> dg.AssetCheckResult:
     if isinstance(found, dg.AssetCheckResult):
         return found
     folder, spec = found
-    problem = recording_problem(folder)
+    problem = recording_problem(folder, failed_is_evidence=True)
+    failed = problem is None and recording_problem(folder) is not None  # a failed run: audited as that failure
     return dg.AssetCheckResult(asset_key="workload_source", check_name="scenario_recording", passed=problem is None,
-                               metadata={"scenario": folder.name, "reason": problem or "replayable",
+                               metadata={"scenario": folder.name, "reason": problem or (
+                                   "a recording of a failed run: audited as the failure it records" if failed
+                                   else "replayable"),
                                          "must_fire": dg.MetadataValue.json(spec["must_fire"])})
 
 

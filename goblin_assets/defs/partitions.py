@@ -1,5 +1,7 @@
 """One dynamic partition per workload folder under ``workloads/``, kept in sync by a sensor."""
 
+from pathlib import Path
+
 import dagster as dg
 
 from goblin_assets import workloads_root
@@ -34,3 +36,11 @@ def sync_partitions(context: dg.SensorEvaluationContext, partitions: dg.DynamicP
 def workload_folders_sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult:
     """Add a partition for each new workload folder, delete those whose folder is gone."""
     return sync_partitions(context, workloads_partitions, workload_names())
+
+
+def files_under(root: Path, suffixes: tuple[str, ...]) -> list[str]:
+    """Partition keys of the files under ``root`` whose names end with one of ``suffixes``: each file's path
+    relative to ``root`` (``rank0.json.gz``, ``run3/oom.pickle``), sorted; [] when ``root`` is not a folder."""
+    if not root.is_dir():
+        return []
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file() and p.name.endswith(suffixes))

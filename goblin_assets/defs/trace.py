@@ -12,7 +12,7 @@ from pathlib import Path
 import dagster as dg
 
 from goblin_assets import REPO_ROOT
-from goblin_assets.defs.partitions import sync_partitions
+from goblin_assets.defs.partitions import files_under, sync_partitions
 from goblin_assets.defs.resources import POOL, WarehouseResource
 
 traces_partitions = dg.DynamicPartitionsDefinition(name="traces")
@@ -28,11 +28,7 @@ def traces_root() -> Path:
 
 def trace_names(root: Path | None = None) -> list[str]:
     """Partition keys: each trace file's path under the traces root (``rank0.json.gz``, ``mi300x/run1.json``)."""
-    root = root or traces_root()
-    if not root.is_dir():
-        return []
-    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*")
-                  if p.is_file() and p.name.endswith(TRACE_SUFFIXES))
+    return files_under(root or traces_root(), TRACE_SUFFIXES)
 
 
 @dg.sensor(minimum_interval_seconds=30, default_status=dg.DefaultSensorStatus.RUNNING)

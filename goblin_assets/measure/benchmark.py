@@ -261,14 +261,29 @@ class SpeedupInterval(BaseModel):
         how = f"{self.pairs} alternating pairs" if self.paired else f"{self.pairs} unpaired repeats per arm"
         if self.low is None or self.high is None:
             return f"{self.point:.2f}x (no interval: {how}; an interval needs two)"
-        iv = f"{_interval_text(self)}, {how}"
+        iv = f"{interval_text(self)}, {how}"
         if self.verdict == "no significant change":
             return f"no significant change ({self.point:.2f}x, {iv})"
         return f"{self.point:.2f}x{', slower' if self.verdict == 'slower' else ''} ({iv})"
 
 
-def _interval_text(iv: SpeedupInterval) -> str:
-    return f"{iv.level:.0%} interval {iv.low:.2f}x–{iv.high:.2f}x"
+#: Bounds past this factor either way are printed as a bound (``<0.01x``, ``>100x``): with two or three
+#: pairs Student's t has one or two degrees of freedom and the interval can span nine orders of
+#: magnitude, whose digits say nothing a person can check.
+WIDE_BOUND = 100.0
+
+
+def _bound(x: float) -> str:
+    if x > WIDE_BOUND:
+        return f">{WIDE_BOUND:g}x"
+    if x < 1.0 / WIDE_BOUND:
+        return f"<{1.0 / WIDE_BOUND:g}x"
+    return f"{x:.2f}x"
+
+
+def interval_text(iv: SpeedupInterval) -> str:
+    """``95% interval 1.42x–1.69x``: the interval's level and bounds, a bound past :data:`WIDE_BOUND` as ``>100x``."""
+    return f"{iv.level:.0%} interval {_bound(iv.low)}–{_bound(iv.high)}"
 
 
 def _secs(x: float) -> str:
@@ -305,7 +320,7 @@ def verdict_line(iv: SpeedupInterval) -> str:
     measurement over its budget reads ``over the 120 s budget``; replayed
     pairs read ``replayed from the cache``.
     """
-    parts = [_interval_text(iv) if iv.low is not None and iv.high is not None else
+    parts = [interval_text(iv) if iv.low is not None and iv.high is not None else
              f"an interval needs two {'pairs' if iv.paired else 'repeats per arm'}"]
     lead = iv.verdict
     if iv.paired and iv.sign_test_p is not None:

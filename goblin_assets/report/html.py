@@ -13,6 +13,7 @@ import html
 import io
 from pathlib import Path
 
+from goblin_assets.measure.benchmark import interval_text
 from goblin_assets.report.compare import AuditReport
 from goblin_assets.report.markdown import (
     ReplayReport,
@@ -70,24 +71,28 @@ def _throughput_axes(ax, rep: AuditReport) -> None:
     if iv is None or iv.low is None or iv.high is None:
         title = f"Throughput: {rep.measured_speedup:.2f}x measured (no interval)"
     elif iv.verdict == "no significant change":
-        title = f"Throughput: no significant change\n({iv.level:.0%} interval {iv.low:.2f}x–{iv.high:.2f}x)"
+        title = f"Throughput: no significant change\n({interval_text(iv)})"
     else:
-        title = f"Throughput: {iv.point:.2f}x measured\n({iv.level:.0%} interval {iv.low:.2f}x–{iv.high:.2f}x)"
+        title = f"Throughput: {iv.point:.2f}x measured\n({interval_text(iv)})"
     ax.set_title(title)
     top = max([hi, *runs[0], *runs[1]])
     ax.set_ylim(0, top * 1.18)          # room for the legend above the predicted range
     ax.legend(fontsize=8, loc="upper left")
 
 
-def _png(draw, rep: AuditReport, size: tuple[float, float]) -> bytes:
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=size)
-    draw(ax, rep)
+def fig_png(fig) -> bytes:
+    """A matplotlib figure as PNG bytes (100 dpi, tight layout); the figure is closed."""
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100)
-    plt.close(fig)
+    _plt().close(fig)
     return buf.getvalue()
+
+
+def _png(draw, rep: AuditReport, size: tuple[float, float]) -> bytes:
+    fig, ax = _plt().subplots(figsize=size)
+    draw(ax, rep)
+    return fig_png(fig)
 
 
 def plot_report(rep: AuditReport, path: Path) -> Path:

@@ -91,7 +91,7 @@ def _effect(iv: SpeedupInterval | None, patch_changes: bool, why_no_patch: str,
     return VerdictItem(kind="no significant change", text=f"patch measured {iv.headline()}")
 
 
-def audit_verdict(*, failure: str = "", nonfinite: NonfiniteEvidence | None = None,
+def audit_verdict(*, failure: str = "", failure_class: str = "", nonfinite: NonfiniteEvidence | None = None,
                   loss_nonfinite_step: int | None = None, hazards: list | None = None,
                   interval: SpeedupInterval | None = None, patch_changes: bool = True, why_no_patch: str = "",
                   not_measured: str = "") -> Verdict:
@@ -101,6 +101,9 @@ def audit_verdict(*, failure: str = "", nonfinite: NonfiniteEvidence | None = No
     ----------
     failure : str
         Why the original program failed ('' when it ran): stage and the child's error line.
+    failure_class : str
+        The failure's class in words (:class:`goblin_assets.measure.failure.FailureDiagnosis` ``label``, e.g.
+        "out of memory"), named first in the ``failed`` item; '' when unknown.
     nonfinite : NonfiniteEvidence, optional
         Where NaN/inf appeared (:func:`goblin_assets.measure.evidence.nonfinite_evidence`).
     loss_nonfinite_step : int, optional
@@ -125,7 +128,8 @@ def audit_verdict(*, failure: str = "", nonfinite: NonfiniteEvidence | None = No
     """
     items: list[VerdictItem] = []
     if failure:
-        items.append(VerdictItem(kind="failed", text=f"the original program failed as written: {failure}"))
+        cls = f" ({failure_class})" if failure_class else ""
+        items.append(VerdictItem(kind="failed", text=f"the original program failed as written{cls}: {failure}"))
     if nonfinite is not None:
         items.append(VerdictItem(kind="unhealthy", text=nonfinite.headline or "the run went non-finite (NaN/inf)"))
     elif loss_nonfinite_step is not None:

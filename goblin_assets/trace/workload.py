@@ -12,6 +12,15 @@ and writes a replay folder under ``$GOBLIN_HOME/traces/<trace file stem>-<sha256
 * ``expected_findings.yaml``: names the config file (a copy in the folder:
   a patch is written against the copy, never into the user's file).
 
+A run that failed leaves its own recording beside the trace: TorchElastic's
+error file (``error.json``, the JSON ``torch.distributed.elastic`` writes for a
+``@record`` entry point to ``TORCHELASTIC_ERROR_FILE``: ``message.message``,
+``message.extraInfo.py_callstack``, ``message.errorCode``).  When one is there
+(:func:`run_error_beside`) the RunMetrics is of a failed run (``ok: false``,
+the error line as its failure, the call stack as its stderr tail, the steps the
+trace reached), and the audit goes down the failure path: its report names the
+failure's class.
+
 The config is the file given, else the one training config beside the trace
 (the entry of a ``workload.yaml`` there, else the only ``.py``/``.yaml``/
 ``.yml``/``.toml`` file or ``.json`` that is not itself a trace), else an
@@ -22,6 +31,7 @@ session then treats the folder as any replay (:mod:`goblin_assets.runners.replay
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 from pathlib import Path
 
@@ -45,6 +55,31 @@ def _is_trace_json(p: Path) -> bool:
     return b"traceEvents" in head or b"rocprofiler-sdk-tool" in head or b"schemaVersion" in head
 
 
+def _elastic_error(p: Path) -> dict | None:
+    """The ``message`` object of a TorchElastic error file, or None when ``p`` is not one."""
+    if p.suffix != ".json" or p.stat().st_size > 4 << 20:
+        return None
+    try:
+        doc = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    msg = doc.get("message") if isinstance(doc, dict) else None
+    return msg if isinstance(msg, dict) and isinstance(msg.get("message"), str) else None
+
+
+def run_error_beside(trace: Path) -> tuple[Path, dict] | None:
+    """The TorchElastic error file beside ``trace`` and its ``message`` object, or None when there is none.
+
+    The format is ``torch.distributed.elastic.multiprocessing.errors.ErrorHandler.record_exception``'s:
+    ``{"message": {"message": "RuntimeError: ...", "extraInfo": {"py_callstack": ..., "timestamp": ...},
+    "errorCode": N}}`` (``errorCode`` added by the agent when the worker died of a signal).
+    """
+    for p in sorted(trace.parent.glob("*.json")):
+        if p != trace and (msg := _elastic_error(p)) is not None:
+            return p, msg
+    return None
+
+
 def config_beside(trace: Path) -> Path | None:
     """The training config beside ``trace`` (see the module docstring), or None when there is none or several."""
     folder = trace.parent
@@ -52,7 +87,7 @@ def config_beside(trace: Path) -> Path | None:
         wl = load_workload(folder)
         return wl.config_file
     found = [p for p in sorted(folder.iterdir()) if p.is_file() and p.suffix in _CONFIG_SUFFIXES and p != trace
-             and not (p.suffix == ".json" and _is_trace_json(p))]
+             and not (p.suffix == ".json" and (_is_trace_json(p) or _elastic_error(p) is not None))]
     return found[0] if len(found) == 1 else None
 
 
@@ -96,6 +131,13 @@ def trace_workload(trace: str | Path, config: str | Path | None = None,
     # the recording is the user's profiler's measurement; the replay relabels it "replayed" when read back
     m.provenance.kind = "measured"
     m.warnings += [f"trace {f.severity}: {f.message}" for f in rep.findings if f.severity != "ok"]
+    if (err := run_error_beside(trace)) is not None:  # the run's own recording says it failed
+        path, msg = err
+        code = msg.get("errorCode")
+        m.ok = False
+        m.failure = (f"{trace.name}: the run failed (TorchElastic error file {path.name}"
+                     + (f", exit code {code}" if code is not None else "") + f"): {msg['message'].strip()}")
+        m.stderr_tail = str((msg.get("extraInfo") or {}).get("py_callstack") or "")[-4000:]
     record_metrics(m, folder)
     devices = sorted({str(p.get("name")) for p in rep.events.device_properties if p.get("name")})
     dist = rep.events.distributed

@@ -182,6 +182,32 @@ TABLES: dict[str, list[tuple[str, str, bool]]] = {
         ("unit", "VARCHAR", False), ("threshold", "VARCHAR", False), ("threshold_source", "VARCHAR", False),
         ("status", "VARCHAR", False), ("evidence_json", "VARCHAR", False),
     ],
+    # ---- memory snapshots (goblin_assets/trace/memory_snapshot.py): keyed by snapshot_id, sizes in bytes
+    "memory_snapshots": [
+        ("snapshot_id", "VARCHAR", False), ("created_at", "TIMESTAMP", False), ("path", "VARCHAR", False),
+        ("origin", "VARCHAR", False), ("segments", "BIGINT", False), ("reserved_bytes", "BIGINT", False),
+        ("allocated_bytes", "BIGINT", False), ("active_bytes", "BIGINT", False),
+        ("reserved_minus_allocated_bytes", "BIGINT", False), ("free_internal_bytes", "BIGINT", False),
+        ("free_external_bytes", "BIGINT", False), ("largest_free_block_bytes", "BIGINT", False),
+        ("oom_events", "BIGINT", False), ("trace_entries", "BIGINT", False), ("oom_request_bytes", "BIGINT", True),
+        ("oom_device_free_bytes", "BIGINT", True), ("diagnosis", "VARCHAR", False),
+    ],
+    "memory_snapshot_segments": [
+        ("snapshot_id", "VARCHAR", False), ("segment", "BIGINT", False), ("device", "BIGINT", True),
+        ("stream", "BIGINT", True), ("segment_type", "VARCHAR", True), ("total_size_bytes", "BIGINT", False),
+        ("allocated_bytes", "BIGINT", False), ("active_bytes", "BIGINT", False), ("free_bytes", "BIGINT", False),
+        ("largest_free_block_bytes", "BIGINT", False), ("blocks", "BIGINT", False),
+        ("fits_failed_request", "BOOLEAN", True),
+    ],
+    "memory_snapshot_frames": [
+        ("snapshot_id", "VARCHAR", False), ("frame", "VARCHAR", False), ("category", "VARCHAR", False),
+        ("category_source", "VARCHAR", False), ("live_bytes", "BIGINT", False), ("blocks", "BIGINT", False),
+    ],
+    "memory_snapshot_events": [
+        ("snapshot_id", "VARCHAR", False), ("device", "BIGINT", False), ("event_index", "BIGINT", False),
+        ("action", "VARCHAR", False), ("size_bytes", "BIGINT", True), ("allocated_bytes", "BIGINT", False),
+        ("reserved_bytes", "BIGINT", False), ("time_us", "DOUBLE", True), ("frame", "VARCHAR", False),
+    ],
 }
 
 #: Extra checks per (table, column) beyond type and nullability.
@@ -199,6 +225,8 @@ _CHECKS: dict[tuple[str, str], list[pa.Check]] = {
     ("trace_critical_path", "verdict"): [pa.Check.isin(["cpu_launch_bound", "sync_bound", "loader_bound",
                                                          "device_bound"])],
     ("trace_kernel_categories", "share_pct"): [pa.Check.in_range(0, 100)],
+    ("memory_snapshot_frames", "category_source"): [pa.Check.isin(["recorded", "estimated"])],
+    ("memory_snapshot_frames", "live_bytes"): [pa.Check.ge(0)],
     ("benchmarks", "throughput_per_s"): [pa.Check.gt(0)],
     ("benchmarks", "label"): [pa.Check.isin(["baseline", "patched"])],
     ("audits", "speedup_verdict"): [pa.Check.isin(["faster", "slower", "no significant change", "no interval"])],
