@@ -173,25 +173,19 @@ def test_the_device_oom_observer_writes_a_snapshot_and_reports_the_failure(tmp_p
 @pytest.fixture(scope="module")
 def digits_fit(tmp_path_factory):
     """``goblin fit workloads/digits_mlp --json`` (two probes), and the warehouse it wrote."""
-    import os
+    import contextlib
+    import io
 
     from goblin_assets.cli import main
 
     home = tmp_path_factory.mktemp("fit_home")
-    old = os.environ.get("GOBLIN_HOME")
-    os.environ["GOBLIN_HOME"] = str(home)
-    import contextlib
-    import io
-
-    buf = io.StringIO()
+    buf, mp = io.StringIO(), pytest.MonkeyPatch()
+    mp.setenv("GOBLIN_HOME", str(home))
     try:
         with contextlib.redirect_stdout(buf):
             rc = main(["fit", str(DIGITS), "--json"])
     finally:
-        if old is None:
-            os.environ.pop("GOBLIN_HOME", None)
-        else:
-            os.environ["GOBLIN_HOME"] = old
+        mp.undo()
     assert rc == 0
     return json.loads(buf.getvalue()), home
 
