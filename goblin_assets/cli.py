@@ -2,7 +2,7 @@
 
     goblin audit --trace TRACE [CONFIG] [--json] [--html OUT]
     goblin audit PATH [--steps N] [--bench-steps N] [--repeats N] [--timeout S] [--json | --plain]
-                      [--fail-on unhealthy|hazard] [--html OUT]
+                      [--fail-on unhealthy|hazard] [--html OUT] [--mlflow URI]
     goblin profile PATH [--steps N] [--runner local|rocprof|replay] [--json]
     goblin parse FILE [--json]
     goblin chat PATH [--question TEXT] [--base-url URL] [--model NAME] [--json]
@@ -10,6 +10,7 @@
     goblin trace PATH [PATH_B] [--json] [--html OUT]
     goblin fit PATH [--device mi300x|h100|...] [--json]
     goblin memory SNAPSHOT.pickle [--json] [--html OUT]
+    goblin mcp [--http] [--port N]
 
 Errors are printed as one clear line naming the file and the problem (exit
 code 2); no traceback from deep inside.  ``goblin audit`` exits 0 when the
@@ -25,7 +26,7 @@ from collections.abc import Sequence
 
 from rich.table import Table
 
-from goblin_assets.cli_common import add_settings_options, console, open_session, out
+from goblin_assets.cli_common import add_settings_options, complete_audit, console, failure_json, open_session, out
 from goblin_assets.errors import GoblinError
 
 
@@ -75,9 +76,7 @@ def _plain_summary(s, html_path) -> list[str]:
 
 
 def cmd_audit(args) -> int:
-    from goblin_assets.errors import RunFailed
     from goblin_assets.report.markdown import speedup_text
-    from goblin_assets.warehouse.db import write
 
     frames, trace_note = {}, ""
     if args.trace:
@@ -92,24 +91,14 @@ def cmd_audit(args) -> int:
         raise GoblinError("goblin audit needs a workload PATH, or --trace TRACE")
     else:
         s = open_session(args)
-    try:
-        s.run_all()
-    except RunFailed:
-        if not s.results.get("failure"):  # a run of the patch failing is the audit's own error
-            raise
-        v = s.verdict()  # the original failed as written: that is the audit's finding, with its report
+    completed, mlflow_run = complete_audit(s, frames, args.mlflow)
+    if not completed:
+        v = s.verdict()
         if args.json:
-            diag = s.results.get("failure_diagnosis")
-            _print_json({"verdict": v.model_dump(), "audit_id": s.audit_id, "workload": s.workload.name,
-                         "failure": s.results["failure"], "report_path": str(s.report_path),
-                         "failure_diagnosis": diag.to_json() if diag is not None else None,
-                         "fired_rules": [m.rule_id for m in s.results.get("failure_matches") or [] if m.fired],
-                         "not_observable": dict(s.not_observable)})
+            _print_json(failure_json(s))
         else:
             out.print("\n".join(_plain_summary(s, None)), highlight=False, markup=False)
         return EXIT_FAIL_ON if _fails_on(v, args.fail_on) else 0
-    counts = write({**s.frames(), **frames})
-    console.print(f"[dim]warehouse: {sum(counts.values())} rows in {len(counts)} tables[/dim]")
     html_path = s.write_html(args.html) if args.html else None
     if html_path:
         console.print(f"[dim]HTML report: {html_path}[/dim]")
@@ -117,7 +106,8 @@ def cmd_audit(args) -> int:
     code = EXIT_FAIL_ON if _fails_on(v, args.fail_on) else 0
     if args.json:
         _print_json({**s.to_json(), **({"html_path": str(html_path)} if html_path else {}),
-                     **({"trace": trace_note} if trace_note else {})})
+                     **({"trace": trace_note} if trace_note else {}),
+                     **({"mlflow_run_id": mlflow_run} if mlflow_run else {})})
         return code
     if args.plain:
         out.print("\n".join(([trace_note] if trace_note else []) + _plain_summary(s, html_path)), highlight=False,
@@ -224,6 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="exit 3 when the run failed or went non-finite (unhealthy), or also when a hazard fired "
                         "(hazard); without it an audit that completed exits 0 whatever it found")
     a.add_argument("--html", metavar="OUT.html", help="also write the self-contained HTML report to this file")
+    a.add_argument("--mlflow", metavar="URI", default=None,
+                   help="log the audit as one MLflow run to this tracking URI (e.g. sqlite:///mlflow.db; default "
+                        "$GOBLIN_MLFLOW_TRACKING_URI; nested under $GOBLIN_MLFLOW_PARENT_RUN_ID when set)")
     a.set_defaults(fn=cmd_audit)
 
     pr = sub.add_parser("profile", help="profile a workload and print RunMetrics")
@@ -243,6 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     from goblin_assets.cli_chat import add_chat_parser
     from goblin_assets.cli_fit import add_fit_parser
     from goblin_assets.cli_kb import add_kb_parser
+    from goblin_assets.cli_mcp import add_mcp_parser
     from goblin_assets.cli_memory import add_memory_parser
     from goblin_assets.cli_opscope import add_opscope_parser
     from goblin_assets.cli_opscope_mine import add_mining_parsers
@@ -254,6 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_trace_parser(sub)
     add_fit_parser(sub)
     add_memory_parser(sub)
+    add_mcp_parser(sub)
 
     s = sub.add_parser("sql", help="run a SQL query on the warehouse")
     s.add_argument("query")

@@ -16,32 +16,49 @@ import sys
 from goblin_assets.cli_common import console, out
 
 
-def cmd_trace(args) -> int:
+def analyse_traces(paths: list[str], progress=None, warehouse: bool = True) -> tuple[list, dict | None]:
+    """(the TraceReports of one or two traces, their diff or None); the tables written to the warehouse unless
+    ``warehouse`` is False.  What ``goblin trace`` and the ``trace`` tool of ``goblin mcp`` do.
+
+    Raises GoblinError for more than two paths, and the trace readers' TraceError for a bad trace.
+    """
+    from goblin_assets.errors import GoblinError
     from goblin_assets.trace.analysis import analyze_trace, trace_frames
     from goblin_assets.trace.diff import category_diff, op_diff
-    from goblin_assets.errors import GoblinError
-    from goblin_assets.trace.render import findings_table, frame_table, write_trace_html
 
-    if len(args.paths) > 2:
-        raise GoblinError(f"goblin trace takes one trace, or two to compare; got {len(args.paths)}")
-    reps = [analyze_trace(p, progress=lambda s: console.print(f"[dim]{s}[/dim]", highlight=False))
-            for p in args.paths]
-    rep = reps[0]
+    if not 1 <= len(paths) <= 2:
+        raise GoblinError(f"goblin trace takes one trace, or two to compare; got {len(paths)}")
+    progress = progress or (lambda s: console.print(f"[dim]{s}[/dim]", highlight=False))
+    reps = [analyze_trace(p, progress=progress) for p in paths]
     diff = None
     if len(reps) == 2:
         diff = {"categories": category_diff(reps[0].events, reps[1].events),
                 "ops": op_diff(reps[0].events, reps[1].events)}
-    if not args.no_warehouse:
+    if warehouse:
         from goblin_assets.warehouse.db import write
 
         counts = write(_merge([trace_frames(r) for r in reps]))
-        console.print(f"[dim]warehouse: {sum(counts.values())} rows in {len(counts)} tables "
-                      f"(trace_id {', '.join(r.trace_id for r in reps)})[/dim]")
+        progress(f"warehouse: {sum(counts.values())} rows in {len(counts)} tables "
+                 f"(trace_id {', '.join(r.trace_id for r in reps)})")
+    return reps, diff
+
+
+def trace_json(reps: list, diff: dict | None) -> dict:
+    """The ``goblin trace --json`` object: one trace's analyses, or ``a``, ``b`` and their ``diff``."""
+    if len(reps) == 1:
+        return reps[0].to_json()
+    return {"a": reps[0].to_json(), "b": reps[1].to_json(),
+            "diff": {k: json.loads(v.to_json(orient="records")) for k, v in diff.items()}}
+
+
+def cmd_trace(args) -> int:
+    from goblin_assets.trace.render import findings_table, frame_table, write_trace_html
+
+    reps, diff = analyse_traces(args.paths, warehouse=not args.no_warehouse)
+    rep = reps[0]
     html = write_trace_html(rep, args.html, diff, reps[1] if len(reps) == 2 else None) if args.html else None
     if args.json:
-        doc = rep.to_json() if len(reps) == 1 else {
-            "a": reps[0].to_json(), "b": reps[1].to_json(),
-            "diff": {k: json.loads(v.to_json(orient="records")) for k, v in diff.items()}}
+        doc = trace_json(reps, diff)
         if html:
             doc["html_path"] = str(html)
         sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")

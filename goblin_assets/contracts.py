@@ -44,7 +44,7 @@ CONFIG_FIELDS: tuple[str, ...] = (
 #: sequences share one row (sample packing / padding-free).
 PaddingStrategy = Literal["max_length", "longest", "dynamic", "packed"]
 
-ValueKind = Literal["literal", "default", "variable", "env", "inferred", "unset"]
+ValueKind = Literal["literal", "default", "variable", "env", "inferred", "unset", "observed"]
 
 
 class Provenance(BaseModel):
@@ -53,8 +53,11 @@ class Provenance(BaseModel):
     ``kind`` is ``literal`` (written at the use site), ``default`` (an
     argparse/dataclass/tool default), ``variable`` (resolved through a name or
     arithmetic), ``env`` (``os.environ.get`` default), ``inferred`` (derived
-    from code patterns such as ``torch.autocast``) or ``unset`` (the value is
-    null; ``detail`` says why).  ``span`` is ``(lineno, col, end_lineno,
+    from code patterns such as ``torch.autocast``), ``unset`` (the value is
+    null; ``detail`` says why) or ``observed`` (read from the running program
+    by the harness in a live audit, issue 27: ``file``/``line`` are where the
+    program set it up, ``key`` the object read, e.g. ``DataLoader.batch_size``;
+    a null observed value means the run shows the feature is absent).  ``span`` is ``(lineno, col, end_lineno,
     end_col)`` of the value's source text (1-based lines, 0-based columns) when
     the value is written in the file, so a patch can rewrite exactly it.
     """
@@ -65,6 +68,29 @@ class Provenance(BaseModel):
     detail: str = ""
     span: tuple[int, int, int, int] | None = None
     key: str | None = None
+
+
+class Disagreement(BaseModel):
+    """A field whose observed value differs from the file's (a finding of the report, issue 27).
+
+    ``file_value`` / ``file_where``: the parsed value and where the parser
+    found it (``train.yaml:3 (literal)``); ``run_value`` / ``run_where``: the
+    value the program ran with and where the harness read it; ``cause`` what
+    sets the winning value, as far as the audit can tell; ``why`` one
+    sentence naming both values and the cause.  ``patchable`` is False when the value that wins is
+    set in a place the parser cannot see (the workload's arguments, code that
+    changes it at run time): a patch of the file's line would change nothing,
+    so none is written for this field.
+    """
+
+    field: str
+    file_value: Any = None
+    file_where: str = ""
+    run_value: Any = None
+    run_where: str = ""
+    cause: str = ""
+    why: str = ""
+    patchable: bool = False
 
 
 class ConfigDict(BaseModel):
@@ -99,12 +125,27 @@ class ConfigDict(BaseModel):
     source_format: str = ""
     #: How sure the parser is of the file's format and tool (0: unknown, no defaults applied; issue 17).
     format_confidence: float | None = None
+    #: Why the detector read the file as its tool (the signature key, the share of known keys; issue 27).
+    format_reason: str = ""
     provenance: dict[str, Provenance] = Field(default_factory=dict)
     warnings: list[str] = Field(default_factory=list)
+    #: Live audits (issue 27): the parsed value and provenance of every field the run's observation replaced,
+    #: and each field where the two disagree.  Empty for a config that was only parsed.
+    parsed: dict[str, Any] = Field(default_factory=dict)
+    parsed_provenance: dict[str, Provenance] = Field(default_factory=dict)
+    disagreements: list[Disagreement] = Field(default_factory=list)
 
     def values(self) -> dict[str, Any]:
         """The ConfigDict fields only (no source, provenance or warnings)."""
         return {f: getattr(self, f) for f in CONFIG_FIELDS}
+
+    def as_parsed(self) -> ConfigDict:
+        """The config as the file states it: observed values and provenance replaced by the parsed ones
+        (itself when nothing was observed).  The patch edits this view: it writes into the file's lines."""
+        if not self.parsed_provenance:
+            return self
+        return self.model_copy(update={**self.parsed, "provenance": {**self.provenance, **self.parsed_provenance},
+                                       "parsed": {}, "parsed_provenance": {}})
 
 
 # --------------------------------------------------------------------------- metrics
@@ -205,6 +246,9 @@ class RunMetrics(BaseModel):
     ``nonfinite_params`` those parameters as the harness describes them
     (optimizers hold tensors, not names: place, shape, dtype; empty: none
     was non-finite at the end; measure/evidence.py reads them).
+    ``observed``: the settings the program ran with, as the harness recorded
+    them (``runners.result.ObservedRecord`` dumped; None: a replay or an
+    older recording); :mod:`goblin_assets.config.observed` reads it.
     """
 
     ok: bool = True
@@ -234,6 +278,7 @@ class RunMetrics(BaseModel):
     prefetch_warmup_steps: int | None = None
     dataset_in_memory: bool | None = None
     signals: list[Signal] | None = None
+    observed: dict[str, Any] | None = None
     warnings: list[str] = Field(default_factory=list)
     not_observable: dict[str, str] = Field(default_factory=dict)
     provenance: RunProvenance = Field(default_factory=lambda: RunProvenance(kind="measured"))

@@ -17,10 +17,10 @@ from tests.test_redaction_e2e import assert_clean, seeded_workload
 pytestmark = pytest.mark.slow
 
 
-def _goblin(*args, env_home: Path, timeout=900):
+def _goblin(*args, env_home: Path, timeout=900, **env_vars: str):
     import os
 
-    env = {**os.environ, "GOBLIN_HOME": str(env_home)}
+    env = {**os.environ, "GOBLIN_HOME": str(env_home), **env_vars}
     return subprocess.run([sys.executable, "-m", "goblin_assets.cli", *args], capture_output=True, text=True,
                           env=env, timeout=timeout)
 
@@ -48,8 +48,10 @@ def test_goblin_audit_json_on_digits(goblin_home, tmp_path):
     """
     wl = seeded_workload(tmp_path / "workloads")
     _seed_history(goblin_home / "warehouse.duckdb", "data.loader_workers_with_threads", [1.3, 1.35, 1.4], 2.0, 3.0)
+    mlflow_uri, parent = _mlflow_parent(tmp_path)
     r = _goblin("audit", str(wl), "--steps", "5", "--bench-steps", "15", "--repeats", "3", "--bench-budget", "40",
-                "--json", env_home=goblin_home)
+                "--json", env_home=goblin_home, GOBLIN_MLFLOW_TRACKING_URI=mlflow_uri,
+                GOBLIN_MLFLOW_PARENT_RUN_ID=parent)
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout)
     assert_clean("goblin audit logs (stderr)", r.stderr)
@@ -109,6 +111,58 @@ def test_goblin_audit_json_on_digits(goblin_home, tmp_path):
     exact = (report.parent / "patch.diff").read_text()   # the exact diff stays usable on this machine
     assert SECRETS[0][0] in exact
     subprocess.run(["patch", "-p1", "--dry-run", "--quiet"], input=exact, text=True, cwd=wl, check=True)
+    _check_mlflow_run(out, mlflow_uri, parent, tmp_path / "mlflow_artifacts")
+
+
+def _mlflow_parent(tmp_path: Path) -> tuple[str, str]:
+    """A local MLflow store (a SQLite file, no server) holding one run, as a training run would be: (URI, run id)."""
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.create_experiment("training", artifact_location=(tmp_path / "mlruns").as_uri())  # not ./mlruns
+    return uri, client.create_run(exp).info.run_id
+
+
+def _check_mlflow_run(out: dict, uri: str, parent: str, dl: Path) -> None:
+    """The audit's MLflow run, read back with MLflow's own client: nested under ``parent``; every ConfigDict field
+    a parameter with its provenance a tag; the measured speedup, its interval, both throughputs and the waste
+    budget as metrics equal to ``--json``'s; the report files and both profiler traces as artifacts, redacted."""
+    from mlflow import MlflowClient
+
+    from goblin_assets.contracts import CONFIG_FIELDS
+
+    client = MlflowClient(tracking_uri=uri)
+    dl.mkdir(parents=True, exist_ok=True)
+    run = client.get_run(out["mlflow_run_id"])
+    params, tags, metrics = run.data.params, run.data.tags, run.data.metrics
+    assert run.info.status == "FINISHED"
+    assert run.info.experiment_id == client.get_run(parent).info.experiment_id and tags["mlflow.parentRunId"] == parent
+    assert tags["goblin.audit_id"] == out["audit_id"] and tags["goblin.verdict"] == out["verdict"]["headline"]
+    assert set(params) == set(CONFIG_FIELDS) and params["batch_size"] == "64"
+    for f in CONFIG_FIELDS:  # every field, undetermined where the file states none; its provenance a tag
+        v = out["config"][f]
+        assert params[f] == ("undetermined" if v is None else str(v)), f
+        assert tags[f"goblin.provenance.{f}"] == out["config"]["provenance"].get(f, {}).get("kind", "unset"), f
+    iv = out["measured_speedup_interval"]
+    assert metrics["measured_speedup"] == pytest.approx(out["measured_speedup"])
+    assert (metrics["measured_speedup_low"], metrics["measured_speedup_high"]) == \
+        (pytest.approx(iv["low"]), pytest.approx(iv["high"]))
+    assert metrics["throughput_original_per_s"] == pytest.approx(out["benchmark"]["baseline"]["median"])
+    assert metrics["throughput_patched_per_s"] == pytest.approx(out["benchmark"]["patched"]["median"])
+    for bucket, b in out["baseline"]["waste_budget"].items():
+        assert metrics[f"waste_{bucket}_ms"] == pytest.approx(b["seconds"] * 1e3), bucket
+    assert metrics["mem_peak_gb"] == pytest.approx(out["baseline"]["mem_peak_gb"])
+    assert ("mfu_pct" in metrics) == (out["baseline"]["mfu_pct"] is not None)
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"report.md", "report.html", "report.png", "traces"} <= artifacts
+    assert ("patch.diff" in artifacts) == out["verdict"]["patch_offered"]  # a slower patch is never handed over
+    for label, m in (("original", out["baseline"]), ("patched", out["patched"])):  # both runs' profiler traces
+        traces = [a.path for a in client.list_artifacts(run.info.run_id, f"traces/{label}")]
+        assert traces == [f"traces/{label}/{Path(m['trace_path']).name}"], traces
+    for name in artifacts & {"report.md", "report.html", "patch.diff"}:  # what leaves the machine is redacted
+        assert_clean(f"MLflow artifact {name}", Path(client.download_artifacts(run.info.run_id, name, str(dl)))
+                     .read_text(encoding="utf-8"))
 
 
 def test_bad_path_is_a_clear_error(goblin_home):

@@ -20,7 +20,9 @@ SHARED_CASES = Path(__file__).resolve().parents[1].parent / "shared" / "cases" /
 LOCAL_CASES = Path(__file__).resolve().parent / "data" / "configs"
 #: Cases written for issue 17 and kept aside while the parser was changed (scored separately).
 HELDOUT_CASES = LOCAL_CASES / "heldout"
-ROOTS = (SHARED_CASES, LOCAL_CASES, HELDOUT_CASES)
+#: Issue 27's third of real-file rebuilds of tools nobody had studied (drawn at random, scored once at the end).
+HELDOUT27_CASES = LOCAL_CASES / "heldout27"
+ROOTS = (SHARED_CASES, LOCAL_CASES, HELDOUT_CASES, HELDOUT27_CASES)
 
 
 def _case_dirs(root: Path) -> list[Path]:

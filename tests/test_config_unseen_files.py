@@ -50,7 +50,7 @@ def test_detect_format_sniffs_content(tmp_path, name, text, fmt):
 
 
 def test_unknown_yaml_gets_no_defaults_and_no_patch(tmp_path):
-    path = _write(tmp_path, {"hydra.yaml": "trainer:\n  precision: 16-mixed\n  max_epochs: 3\n"
+    path = _write(tmp_path, {"hydra.yaml": "runner:\n  precision: 16-mixed\n  max_epochs: 3\n"
                                            "data:\n  batch_size: 48\n  num_workers: 3\n"})
     cfg = parse_config(path)
     assert cfg.source_format == "yaml:unknown" and cfg.format_confidence == 0.0
@@ -60,6 +60,19 @@ def test_unknown_yaml_gets_no_defaults_and_no_patch(tmp_path):
     doc = config_to_json(cfg)
     assert doc["format"] == "unknown" and doc["format_confidence"] == 0.0
     with pytest.raises(PatchError, match="does not know this file's format"):
+        edit_source(cfg, {"batch_size": 8}, path, packages={})
+
+
+def test_lightning_yaml_gets_lightnings_own_defaults_only(tmp_path):
+    """The same keys under ``trainer:`` are a Lightning Trainer file (issue 27): its own documented defaults."""
+    path = _write(tmp_path, {"hydra.yaml": "trainer:\n  precision: 16-mixed\n  max_epochs: 3\n"
+                                           "data:\n  batch_size: 48\n  num_workers: 3\n"})
+    cfg = parse_config(path)
+    assert cfg.source_format == "yaml:lightning" and "'trainer." in cfg.format_reason
+    assert (cfg.batch_size, cfg.dataloader_workers, cfg.precision, cfg.grad_accum_steps) == (48, 3, "fp16", 1)
+    assert "Lightning Trainer default" in cfg.provenance["grad_accum_steps"].detail
+    assert cfg.lr is None and cfg.warmup_steps is None and cfg.optimizer is None   # nothing borrowed
+    with pytest.raises(PatchError, match="unknown to its writers"):
         edit_source(cfg, {"batch_size": 8}, path, packages={})
 
 

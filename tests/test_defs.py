@@ -170,6 +170,8 @@ def test_audit_workload_job_audits_one_partition(tmp_path, monkeypatch):
     from goblin_assets.stack import AUDIT_SELECTION
 
     monkeypatch.setenv("GOBLIN_HOME", str(tmp_path / "home"))
+    mlflow_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"   # the audit_report step logs one MLflow run (issue 30)
+    monkeypatch.setenv("GOBLIN_MLFLOW_TRACKING_URI", mlflow_uri)
     job = defs.resolve_job_def("audit_workload")
     stages = {k.to_user_string() for a in AUDIT_STAGES for k in a.keys}
     assert stages == set(AUDIT_SELECTION.split(",")) == set(STAGES) - {"kb_rules", "kb_index"}
@@ -184,6 +186,15 @@ def test_audit_workload_job_audits_one_partition(tmp_path, monkeypatch):
     assert res.success
     assert {e.asset_key.to_user_string() for e in res.get_asset_materialization_events()} == stages
     assert query("SELECT workload FROM audits", db).workload.tolist() == ["fp32_on_mi300x"]
+    from mlflow import MlflowClient
+
+    run_id = res.asset_materializations_for_node("audit_report")[-1].metadata["mlflow_run_id"].value
+    client = MlflowClient(tracking_uri=mlflow_uri)
+    run = client.get_run(run_id)
+    assert run.data.tags["goblin.workload"] == "fp32_on_mi300x" and run.data.params["precision"]
+    assert "measured_speedup" not in run.data.metrics and "waste_useful_ms" in run.data.metrics  # replayed only
+    assert "report.md" in {a.path for a in client.list_artifacts(run_id)}
+    assert client.get_experiment(run.info.experiment_id).artifact_location == (tmp_path / "mlruns").as_uri()
 
 
 def test_a_new_workload_folder_becomes_a_partition(tmp_path, monkeypatch):

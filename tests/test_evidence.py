@@ -176,3 +176,20 @@ def test_the_report_names_nan_the_site_the_step_and_the_cause(half_audit):
         assert needle in report, needle
     assert s.to_json()["nonfinite"]["first"]["site"] == ev.first["site"]
     assert "Non-finite values" in (s.out_dir / "report.html").read_text(encoding="utf-8")
+
+
+def test_the_half_workloads_observed_settings_are_the_fp16_it_ran_with(half_audit):
+    """Issue 27: every field observed in the run; precision fp16 from the stepped parameters' own dtype (no
+    autocast), batch and accumulation equal to the harness's counts; the rows are in observed_settings."""
+    from goblin_assets.config.observed import observed_values
+    from goblin_assets.contracts import CONFIG_FIELDS
+    from goblin_assets.warehouse.db import query
+
+    s, _, _, db = half_audit
+    m = s.profile_run()
+    obs = {f: v for f, (v, _) in observed_values(m.observed).items()}
+    assert set(obs) == set(CONFIG_FIELDS)
+    assert obs["precision"] == "fp16" and set(m.observed["param_dtypes"]) == {"float16"} and not m.observed["autocast"]
+    assert obs["batch_size"] == m.samples_per_step and obs["grad_accum_steps"] == m.observed["backward_per_step"][-1]
+    rows = query("SELECT field, status FROM observed_settings", db)
+    assert sorted(rows.field) == sorted(CONFIG_FIELDS) and set(rows.status) == {"observed"}

@@ -229,9 +229,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("report",),        # the report model and its renderings
     ("trace",),         # recorded-trace analyses
     ("audit",),         # the audit session and its stages, the synthetic corpus
+    ("tracking",),      # an audit logged to the experiment tracker (MLflow)
     ("agent",),         # the conversational agent
-    ("cli", "cli_common", "cli_kb", "cli_chat", "cli_trace", "cli_opscope", "cli_opscope_mine",
-     "cli_memory", "cli_fit"),  # front doors
+    ("cli", "cli_common", "cli_kb", "cli_chat", "cli_trace", "cli_opscope", "cli_opscope_mine", "cli_memory",
+     "cli_mcp", "mcp_server", "cli_fit"),  # front doors (the MCP server's tools are the agent's and the commands' own)
     ("defs", "definitions", "demo", "stack", "ui"),  # orchestration
 )
 

@@ -22,6 +22,7 @@ from goblin_assets.report.html import write_html
 from goblin_assets.runners.workload import load_workload
 from goblin_assets.settings import AuditSettings
 from tests.conftest import TEST_BENCH_BUDGET_S
+from tests.test_observed import observed_equals_trainer
 
 pytestmark = pytest.mark.slow
 
@@ -70,6 +71,8 @@ def test_minilm_audit_end_to_end(tmp_path, monkeypatch, plain_host):
     assert sum(b.seconds for b in m.waste_budget.values()) == pytest.approx(m.step_time_s, rel=0.05)
     assert m.trace_path and Path(m.trace_path).is_file()
     assert m.headroom_batch is not None and m.headroom_batch > 8
+    observed_equals_trainer(m)   # every field observed in the run, equal to the Trainer's own values (issue 27)
+    assert not [d for d in res.effective_config().disagreements if d.field != "optimizer"]
 
     # the rules come from the KB, with their citations; no special case in code
     applied = {a.rule_id for a in res.patch().applied}

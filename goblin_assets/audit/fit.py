@@ -356,7 +356,8 @@ def oom_report_lines(state: dict[str, Any] | None, fix: dict[str, Any] | None, w
               f"{fix['global_batch_before']}, after {fix['global_batch_after']} ({_cite(rules, OOM_RULES[0])}). "
               f"The memory model predicts a peak of "
               f"{size_gb(fix['predicted_peak_bytes'])} (was {size_gb(fix['predicted_peak_bytes_before'])}) against "
-              f"{size_gb(fix['budget_bytes'])} (the split must fit {FIX_BUDGET_SHARE:.0%} of it): {fix['budget_basis']}.", ""]
+              f"{size_gb(fix['budget_bytes'])} (the split must fit {FIX_BUDGET_SHARE:.0%} of it): "
+              f"{fix['budget_basis']}.", ""]
     lines += ["| term | before | provenance |", "|---|---|---|"]
     lines += [f"| {t['name']} | {size_gb(t['bytes'])} | {t['provenance']} |" for t in fix["terms_before"]]
     lines += ["", "```diff", fix["diff"].rstrip(), "```", ""]

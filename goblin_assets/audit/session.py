@@ -51,6 +51,7 @@ import pandas as pd
 from pydantic import ValidationError
 
 from goblin_assets import goblin_home
+from goblin_assets.config.observed import effective_config
 from goblin_assets.config.parse import parse_config
 from goblin_assets.contracts import (
     CONFIG_FIELDS,
@@ -359,6 +360,27 @@ class AuditSession:
             return parse_config(self.workload.config_file)
         return self._memo("training_config", parse)
 
+    def effective_config(self) -> ConfigDict:
+        """The config as it ran: the parsed ConfigDict with every value the profiled run observed over it
+        (provenance ``observed``; the parsed values beside them; each disagreement listed, issue 27).
+
+        Rules, the waste-budget model, the patch's sizing and the report read
+        this; the patch writes into the file's own lines (``ConfigDict.as_parsed``)
+        and refuses a field whose winning value is set where the parser cannot
+        see.  A replay (no run, no observation) is the parsed config.  Memoised.
+        """
+        def merge() -> ConfigDict:
+            cfg = self.training_config()
+            if self.replay:
+                return cfg
+            entry = self.workload.config_file.resolve() == self.workload.script.resolve()
+            eff = effective_config(cfg, self.profile_run().observed, args=list(self.workload.args or []),
+                                   config_is_entry=entry)
+            for d in eff.disagreements:
+                self.log(f"effective_config: {d.why}")
+            return eff
+        return self._memo("effective_config", merge)
+
     def _profile(self, label: str, p: Patch | None = None) -> RunMetrics:
         s = self.settings
         self.log(f"{label}: {self.workload.name}, {s.warmup_steps} warm-up + {s.profiled_steps} profiled steps "
@@ -427,7 +449,7 @@ class AuditSession:
         def grade() -> TensorFindings:
             prov = self.profile_run().provenance
             return grade_tensors(self.tensor_sketches(), self.mined_patterns(),
-                                 precision=self.training_config().precision,
+                                 precision=self.effective_config().precision,
                                  device=device_facts(prov.device, prov.arch, None, self.host.cpu_bf16_matmul),
                                  sketch_warmup=SKETCH_WARMUP)
         return self._memo("tensor_findings", grade)
@@ -446,7 +468,7 @@ class AuditSession:
         from the run's measured waste (all-MiniLM-L6-v2, see retrieval.py).
         """
         def match() -> list[RuleMatch]:
-            scores = retrieval_scores(self.kb_index(), run_symptoms(self.training_config(), self.profile_run()))
+            scores = retrieval_scores(self.kb_index(), run_symptoms(self.effective_config(), self.profile_run()))
             matches = [m.model_copy(update={"retrieval_score": scores.get(m.rule_id)}) for m in self.rule_checks()]
             self.log(f"kb_matches: {len(matches)} rules checked, {sum(m.fired for m in matches)} fired")
             return matches
@@ -455,7 +477,7 @@ class AuditSession:
     def detect_context(self) -> dict[str, Any]:
         """What detect conditions read: config, profiled run, host facts, job environment, mined patterns and
         the graded tensor findings (``tensors.<group>.<key>``)."""
-        return detect_context(self.training_config(), self.profile_run(), self.host, cores=self.cores(),
+        return detect_context(self.effective_config(), self.profile_run(), self.host, cores=self.cores(),
                               patterns=self.mined_patterns(), tensors=self.tensor_findings())
 
     def rule_checks(self) -> list[RuleMatch]:
@@ -475,7 +497,7 @@ class AuditSession:
         Raises PatchError.
         """
         def propose() -> Patch:
-            p = propose_patch(self.training_config(), self.rules(), self.kb_matches(), self.profile_run(),
+            p = propose_patch(self.effective_config(), self.rules(), self.kb_matches(), self.profile_run(),
                               cores=self.cores(), workload_root=self.workload.root, out_dir=self.out_dir,
                               source=self.workload.config_file, packages=self.packages(),
                               signatures=self.signatures)
@@ -503,7 +525,7 @@ class AuditSession:
 
     def _written(self, cs: ChangeSet, out_dir: Path) -> Patch:
         """``cs`` written into a copy of the workload under ``out_dir`` (see :func:`write_changes`)."""
-        return write_changes(self.training_config(), cs, self.workload.config_file, self.packages(),
+        return write_changes(self.effective_config(), cs, self.workload.config_file, self.packages(),
                              self.workload.root, out_dir, self.signatures)
 
     def _validated(self, p: Patch) -> Patch:
@@ -665,7 +687,7 @@ class AuditSession:
         with their label and no measured speedup.
         """
         def report() -> AuditReport | ReplayReport:
-            before, p, cfg = self.profile_run(), self.patch(), self.training_config()
+            before, p, cfg = self.profile_run(), self.patch(), self.effective_config()
             bench, after = self.benchmarks(), self.patched_run()
             v = self.verdict()
             self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -730,7 +752,7 @@ class AuditSession:
         """Where NaN/inf appeared (mined sketches, the parameters' check) and the likely precision cause; None if
         nothing was non-finite (memoised; measure/evidence.py)."""
         return self._memo("nonfinite", lambda: nonfinite_evidence(
-            self.mined_patterns(), self.profile_run(), self.training_config(), sketch_warmup=SKETCH_WARMUP))
+            self.mined_patterns(), self.profile_run(), self.effective_config(), sketch_warmup=SKETCH_WARMUP))
 
     def calibration(self) -> Calibration:
         """The patch's predicted range and confidence scaled by its rules' record in :attr:`history` (memoised).
@@ -768,6 +790,7 @@ class AuditSession:
         if stage == "profile_run":
             m = self.profile_run()
             return {"runs": F.runs_frame(m, f"{aid}-profile", "profile", aid),
+                    "observed_settings": F.observed_frame(self.effective_config(), aid, name, f"{aid}-profile"),
                     "kernels": F.kernels_frame(m, f"{aid}-profile"), **self._trace_rows("profile")}
         if stage == "waste_budget":
             return {"waste_budget": F.waste_frame(self.profile_run(), f"{aid}-profile", "profile")}
@@ -843,7 +866,7 @@ class AuditSession:
             "verdict": self.verdict().model_dump(),
             "audit_id": self.audit_id,
             "workload": self.workload.name,
-            "config": json.loads(self.training_config().model_dump_json(exclude={"raw_source"})),
+            "config": json.loads(self.effective_config().model_dump_json(exclude={"raw_source"})),
             "baseline": json.loads(self.profile_run().model_dump_json()),
             "patched": json.loads(after.model_dump_json()) if after is not None else None,
             "benchmark": {k: json.loads(v.model_dump_json(exclude={"metrics"})) for k, v in bench.items()},

@@ -793,3 +793,207 @@ PY_VALUE_NEEDS: dict[tuple[str, object], tuple[tuple[tuple[str, str], ...], str,
         tuple(k for k, v in PADDING_COLLATORS.items() if v == "dynamic"),
     ),
 }
+
+# --------------------------------------------------------------------------- tools added in issue 27
+# Each tool's keys and its own documented defaults; none inherits another tool's (TOOL_BASE has no entry
+# for them), so a key a file does not state is the tool's default when tabulated here, else undetermined.
+# Sources (docs/sources.md, "Tools read since issue 27"): LitGPT litgpt/args.py TrainArgs and the
+# config_hub/finetune YAMLs; llm-foundry scripts/train/yamls (Composer Trainer arguments); GPT-NeoX
+# configs/neox_arguments.md; Megatron-LM megatron/training/arguments.py; fairseq
+# fairseq/dataclass/configs.py; Lightning Trainer API docs; verl trainer/config/ppo_trainer.yaml.
+
+TOOL_NAMES.update({
+    "litgpt": "LitGPT", "composer": "Composer (llm-foundry YAML)", "neox": "GPT-NeoX",
+    "megatron": "Megatron-LM launch line", "fairseq": "fairseq-train launch line",
+    "lightning": "Lightning Trainer YAML (LightningCLI / Hydra)", "verl": "verl Hydra overrides",
+})
+#: Tools Goblin reads but whose files the patch does not write (no writer knows where their keys live).
+READ_ONLY_TOOLS: frozenset[str] = frozenset(("litgpt", "composer", "neox", "megatron", "fairseq", "lightning",
+                                             "verl"))
+# Mapping signatures first: a GPT-NeoX file also carries DeepSpeed keys (zero_optimization, ...).
+TOOL_SIGNATURES[:0] = [
+    ("neox", ("pipe_parallel_size", "gpt_j_residual", "lr_decay_style", "checkpoint_activations")),
+    ("litgpt", ("checkpoint_dir", "train.micro_batch_size", "train.global_batch_size", "train.lr_warmup_steps")),
+    ("composer", ("global_train_batch_size", "device_train_microbatch_size", "max_duration")),
+    ("lightning", ("trainer.accumulate_grad_batches", "trainer.max_epochs", "trainer.precision",
+                   "seed_everything", "trainer.gradient_clip_val", "trainer.check_val_every_n_epoch")),
+]
+#: Launch lines of tools other than the Trainer, told by the command or a flag only they take (checked
+#: before the Trainer's flags, so their lines never get TrainingArguments' defaults).
+SHELL_TOOLS: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = [
+    # (tool, text that names it, keys only it takes)
+    ("fairseq", ("fairseq-train", "fairseq_cli"), ("update_freq", "max_tokens", "warmup_updates", "tokens_per_sample")),
+    ("verl", ("verl.trainer",), ("actor_rollout_ref.",)),
+    ("megatron", ("pretrain_gpt.py", "pretrain_bert.py", "pretrain_t5.py"),
+     ("micro_batch_size", "tensor_model_parallel_size", "pipeline_model_parallel_size", "lr_warmup_iters")),
+]
+DTYPE_NAMES.update({"amp_bf16": "bf16", "amp_fp16": "fp16", "transformer-engine": "skip"})
+GA_PER_GPU_GLOBAL_BATCH = (*GA_PER_GPU_GLOBAL_BATCH, "litgpt", "composer", "neox", "megatron")
+
+SYNONYMS.update({
+    "litgpt": [
+        ("model_name", "checkpoint_dir", "str", R_EXPLICIT),
+        ("batch_size", "train.micro_batch_size", "int", R_EXPLICIT),
+        ("_global_batch", "train.global_batch_size", "int", R_EXPLICIT),
+        ("seq_len", "train.max_seq_length", "int", R_EXPLICIT),
+        ("precision", "precision", "precision_any", R_EXPLICIT),
+        ("optimizer", "optimizer.class_path", "optim_component", R_EXPLICIT),
+        ("optimizer", "optimizer", "optim_component", R_EXPLICIT - 1),
+        ("lr", "optimizer.init_args.lr", "float", R_EXPLICIT),
+        ("lr", "train.learning_rate", "float", R_EXPLICIT - 1),
+        ("lora_rank", "lora_r", "int", R_EXPLICIT),
+        ("warmup_steps", "train.lr_warmup_steps", "int", R_EXPLICIT),
+        ("dataloader_workers", "data.init_args.num_workers", "workers", R_EXPLICIT),
+        ("_gpus", "devices", "int", R_EXPLICIT),
+        ("_nodes", "num_nodes", "int", R_EXPLICIT),
+    ],
+    "composer": [
+        ("model_name", "model.pretrained_model_name_or_path", "str", R_EXPLICIT),
+        ("batch_size", "device_train_microbatch_size", "composer_micro", R_EXPLICIT),
+        ("_global_batch", "global_train_batch_size", "int", R_EXPLICIT),
+        ("seq_len", "max_seq_len", "int", R_EXPLICIT),
+        ("precision", "precision", "precision_any", R_EXPLICIT),
+        ("optimizer", "optimizer.name", "optim", R_EXPLICIT),
+        ("lr", "optimizer.lr", "float", R_EXPLICIT),
+        ("warmup_steps", "scheduler.t_warmup", "composer_time", R_EXPLICIT),
+        ("gradient_checkpointing", "fsdp_config.activation_checkpointing", "bool", R_EXPLICIT),
+        ("dataloader_workers", "train_loader.num_workers", "workers", R_EXPLICIT),
+    ],
+    "neox": [
+        ("batch_size", "train_micro_batch_size_per_gpu", "int", R_EXPLICIT),
+        ("grad_accum_steps", "gradient_accumulation_steps", "int", R_EXPLICIT),
+        ("_global_batch", "train_batch_size", "int", R_EXPLICIT),
+        ("seq_len", "seq_length", "int", R_EXPLICIT),
+        ("precision", "bf16.enabled", "flag_bf16", R_EXPLICIT),
+        ("precision", "fp16.enabled", "flag_fp16", R_EXPLICIT),
+        ("precision", "precision", "precision_any", R_EXPLICIT - 1),
+        ("optimizer", "optimizer.type", "optim", R_EXPLICIT),
+        ("lr", "optimizer.params.lr", "float", R_EXPLICIT),
+        ("gradient_checkpointing", "checkpoint_activations", "bool", R_EXPLICIT),
+        ("dataloader_workers", "num_workers", "workers", R_EXPLICIT),
+        ("_warmup_ratio", "warmup", "float", R_EXPLICIT),
+        ("_max_steps", "lr_decay_iters", "int", R_EXPLICIT),
+        ("_max_steps", "train_iters", "int", R_EXPLICIT - 1),
+    ],
+    "lightning": [
+        ("grad_accum_steps", "trainer.accumulate_grad_batches", "int", R_EXPLICIT),
+        ("precision", "trainer.precision", "precision_any", R_EXPLICIT),
+        ("batch_size", "data.batch_size", "int", R_EXPLICIT),
+        ("batch_size", "data.init_args.batch_size", "int", R_EXPLICIT),
+        ("dataloader_workers", "data.num_workers", "workers", R_EXPLICIT),
+        ("dataloader_workers", "data.init_args.num_workers", "workers", R_EXPLICIT),
+        ("optimizer", "model.optimizer._target_", "optim_component", R_EXPLICIT),
+        ("optimizer", "model.optimizer.class_path", "optim_component", R_EXPLICIT),
+        ("optimizer", "optimizer.class_path", "optim_component", R_EXPLICIT),
+        ("lr", "model.optimizer.lr", "float", R_EXPLICIT),
+        ("lr", "model.optimizer.init_args.lr", "float", R_EXPLICIT),
+        ("lr", "optimizer.init_args.lr", "float", R_EXPLICIT),
+        ("lr", "model.init_args.lr", "float", R_EXPLICIT - 1),
+        ("lr", "model.lr", "float", R_EXPLICIT - 1),
+        ("_max_steps", "trainer.max_steps", "int", R_EXPLICIT),
+    ],
+    "fairseq": [
+        ("batch_size", "batch_size", "int", R_EXPLICIT),
+        ("batch_size", "max_sentences", "int", R_EXPLICIT),
+        ("batch_size", "max_tokens", "token_batch", R_EXPLICIT - 1),
+        ("grad_accum_steps", "update_freq", "int", R_EXPLICIT),
+        ("seq_len", "tokens_per_sample", "int", R_EXPLICIT),
+        ("precision", "bf16", "flag_bf16", R_EXPLICIT),
+        ("precision", "fp16", "flag_fp16", R_EXPLICIT),
+        ("optimizer", "optimizer", "optim", R_EXPLICIT),
+        ("lr", "lr", "float", R_EXPLICIT),
+        ("warmup_steps", "warmup_updates", "int", R_EXPLICIT),
+        ("dataloader_workers", "num_workers", "workers", R_EXPLICIT),
+        ("gradient_checkpointing", "checkpoint_activations", "bool", R_EXPLICIT),
+    ],
+    "megatron": [
+        ("batch_size", "micro_batch_size", "int", R_EXPLICIT),
+        ("_global_batch", "global_batch_size", "int", R_EXPLICIT),
+        ("seq_len", "seq_length", "int", R_EXPLICIT),
+        ("precision", "bf16", "flag_bf16", R_EXPLICIT),
+        ("precision", "fp16", "flag_fp16", R_EXPLICIT),
+        ("optimizer", "optimizer", "optim", R_EXPLICIT),
+        ("lr", "lr", "float", R_EXPLICIT),
+        ("warmup_steps", "lr_warmup_iters", "int", R_EXPLICIT),
+        ("_warmup_ratio", "lr_warmup_fraction", "float", R_EXPLICIT),
+        ("_max_steps", "lr_decay_iters", "int", R_EXPLICIT),
+        ("_max_steps", "train_iters", "int", R_EXPLICIT - 1),
+        ("gradient_checkpointing", "recompute_activations", "bool", R_EXPLICIT),
+        ("gradient_checkpointing", "recompute_granularity", "checkpointing", R_EXPLICIT),
+        ("dataloader_workers", "num_workers", "workers", R_EXPLICIT),
+        ("_gpus", "nproc_per_node", "int", R_EXPLICIT),
+        ("_nodes", "nnodes", "int", R_EXPLICIT),
+        ("_tp", "tensor_model_parallel_size", "int", R_EXPLICIT),
+        ("_pp", "pipeline_model_parallel_size", "int", R_EXPLICIT),
+    ],
+    "verl": [
+        ("model_name", "actor_rollout_ref.model.path", "str", R_EXPLICIT),
+        ("batch_size", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "int", R_EXPLICIT),
+        ("lr", "actor_rollout_ref.actor.optim.lr", "float", R_EXPLICIT),
+        ("gradient_checkpointing", "actor_rollout_ref.model.enable_gradient_checkpointing", "bool", R_EXPLICIT),
+    ],
+})
+
+_LITGPT = "LitGPT finetune TrainArgs default (litgpt/args.py; the config_hub YAMLs list each default)"
+_NEOX = "GPT-NeoX default (configs/neox_arguments.md)"
+_MEGATRON = "Megatron-LM default (megatron/training/arguments.py)"
+_FAIRSEQ = "fairseq default (fairseq/dataclass/configs.py)"
+_LIGHTNING = "Lightning Trainer default (lightning.ai/docs/pytorch/stable/common/trainer.html)"
+TOOL_DEFAULTS.update({
+    "litgpt": {
+        "warmup_steps": (100, "default", f"train.lr_warmup_steps=100: {_LITGPT}"),
+        "optimizer": ("adamw_torch", "default", f"optimizer='AdamW' (torch.optim.AdamW): {_LITGPT}"),
+        "dataloader_workers": (4, "default", "data num_workers=4: LitGPT data modules' default (litgpt/data/alpaca.py)"),
+        "attention_impl": ("sdpa", "default", "LitGPT's CausalSelfAttention calls torch's "
+                                              "scaled_dot_product_attention (litgpt/model.py)"),
+        "precision": (UNDETERMINED, "unset", "precision unset: LitGPT picks bf16-true or 32-true at run time from "
+                                             "the device (litgpt/utils.py get_default_supported_precision)"),
+    },
+    "composer": {
+        "precision": (UNDETERMINED, "unset", "precision unset: the Composer Trainer picks it from the device"),
+    },
+    "neox": {
+        "grad_accum_steps": (1, "default", f"gradient_accumulation_steps=1: {_NEOX}"),
+        "gradient_checkpointing": (False, "default", f"checkpoint_activations=False: {_NEOX}"),
+        "dataloader_workers": (2, "default", f"num_workers=2: {_NEOX}"),
+    },
+    "megatron": {
+        "optimizer": ("adam", "default", f"--optimizer adam: {_MEGATRON}"),
+        "dataloader_workers": (2, "default", f"--num-workers 2: {_MEGATRON}"),
+        "gradient_checkpointing": (False, "default", f"no --recompute-* flag: no activation recompute ({_MEGATRON})"),
+        "precision": ("fp32", "default", f"neither --fp16 nor --bf16: fp32 ({_MEGATRON})"),
+    },
+    "fairseq": {
+        "grad_accum_steps": (1, "default", f"--update-freq 1: {_FAIRSEQ}"),
+        "dataloader_workers": (1, "default", f"--num-workers 1: {_FAIRSEQ}"),
+        "gradient_checkpointing": (False, "default", f"--checkpoint-activations off: {_FAIRSEQ}"),
+        "precision": ("fp32", "default", f"neither --fp16 nor --bf16: fp32 ({_FAIRSEQ})"),
+    },
+    "lightning": {
+        "grad_accum_steps": (1, "default", f"accumulate_grad_batches=1: {_LIGHTNING}"),
+        "precision": ("fp32", "default", f"precision='32-true': {_LIGHTNING}"),
+    },
+    "verl": {},
+})
+
+# prime-rl SFT TOML (src/prime_rl/trainer/sft/config.py BaseDataConfig: micro_batch_size 8, batch_size 128
+# global and divisible by it, seq_len 128; optimizer AdamWConfig by default; read 2026-12)
+TOOL_NAMES["prime_rl"] = "prime-rl trainer TOML"
+READ_ONLY_TOOLS = READ_ONLY_TOOLS | {"prime_rl"}
+TOOL_SIGNATURES.insert(0, ("prime_rl", ("deployment.num_train_gpus", "deployment.num_infer_gpus")))
+_PRIME = "prime-rl SFT config default (src/prime_rl/trainer/sft/config.py)"
+SYNONYMS["prime_rl"] = [
+    ("model_name", "model.name", "str", R_EXPLICIT),
+    ("batch_size", "data.micro_batch_size", "int", R_EXPLICIT),
+    ("_global_batch", "data.batch_size", "int", R_EXPLICIT),
+    ("seq_len", "data.seq_len", "int", R_EXPLICIT),
+    ("lr", "optim.lr", "float", R_EXPLICIT),
+    ("_gpus", "deployment.num_train_gpus", "int", R_EXPLICIT),
+    ("_max_steps", "max_steps", "int", R_EXPLICIT),
+]
+TOOL_DEFAULTS["prime_rl"] = {
+    "batch_size": (8, "default", f"data.micro_batch_size=8: {_PRIME}"),
+    "seq_len": (128, "default", f"data.seq_len=128: {_PRIME}"),
+    "optimizer": ("adamw_torch", "default", f"optim: AdamWConfig: {_PRIME}"),
+}
+GA_PER_GPU_GLOBAL_BATCH = (*GA_PER_GPU_GLOBAL_BATCH, "prime_rl")

@@ -175,8 +175,16 @@ def _lookup(table: dict[str, str], value: Any, what: str) -> Any:
     return hit
 
 
+def _positional(value: Any) -> bool:
+    """A launch line's bare flag followed by a positional argument (``--fp16 data-bin/x``): the scanner
+    paired them, but a path or name is no flag value."""
+    return isinstance(value, str) and bool(value.strip()) and ("/" in value or value.startswith(("$", "~", ".")))
+
+
 def _flag(result: str, false_value: Any = SKIP) -> Callable[[Any, Callable[[str], Any]], Any]:
     def convert(value: Any, sibling: Callable[[str], Any]) -> Any:
+        if _positional(value):
+            return result
         b = _bool(value)
         if b is True:
             return result
@@ -369,6 +377,40 @@ def _sampling_strategy(value: Any, sibling: Callable[[str], Any]) -> Any:
 
 #: Converter name -> function(value, sibling) returning a value, SKIP, DEFER,
 #: Ratio, Weak, Undetermined, or a (value, note) pair.
+def _precision_any(value: Any, sibling: Callable[[str], Any]) -> Any:
+    """A precision in any spelling: Lightning/LitGPT (``16-mixed``, ``bf16-true``, the integers 16 and 32),
+    Composer (``amp_bf16``), torch dtype names; 64 (double) is none of fp16/bf16/fp32."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        hit = {16: "fp16", 32: "fp32"}.get(value)
+        return hit if hit else Undetermined(f"precision {value} is none of fp16/bf16/fp32")
+    return _lookup(F.DTYPE_NAMES, value, "precision")
+
+
+def _composer_micro(value: Any, sibling: Callable[[str], Any]) -> Any:
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return Undetermined("device_train_microbatch_size: auto: Composer searches the largest micro-batch that "
+                            "fits at run time")
+    return _number(value, int)
+
+
+def _composer_time(value: Any, sibling: Callable[[str], Any]) -> Any:
+    """Composer durations: ``250ba`` (batches = optimizer steps) is a step count; ``ep``, ``dur``, ``tok``,
+    ``sp`` units depend on the dataset and run length."""
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text.endswith("ba") and text[:-2].isdigit():
+            return int(text[:-2])
+        if text:
+            return Undetermined(f"t_warmup {value!r} is not in batches: its steps depend on the data and run length")
+    return _number(value, int)
+
+
+def _token_batch(value: Any, sibling: Callable[[str], Any]) -> Any:
+    if value is None:
+        return SKIP
+    return Undetermined(f"--max-tokens {value}: batches are sized in tokens, so the samples per batch vary")
+
+
 CONVERTERS: dict[str, Callable[[Any, Callable[[str], Any]], Any]] = {
     "int": lambda v, s: _number(v, int),
     "float": lambda v, s: _number(v, float),
@@ -403,6 +445,10 @@ CONVERTERS: dict[str, Callable[[Any, Callable[[str], Any]], Any]] = {
     "pad_to_length": _pad_to_length,
     "flag_packed": _flag("packed"),
     "sampling_strategy": _sampling_strategy,
+    "precision_any": _precision_any,
+    "composer_micro": _composer_micro,
+    "composer_time": _composer_time,
+    "token_batch": _token_batch,
 }
 
 
@@ -623,6 +669,23 @@ def detect_tool_confidence(keys: set[str] | dict[str, Any]) -> tuple[str, float]
     if len(known) >= F.HF_MIN_KEYS or (known and share >= F.HF_MIN_SHARE):
         return "hf", round(max(share, F.FORMAT_CONFIDENCE["fallback_hf"]), 2)
     return "unknown", 0.0
+
+
+def detect_tool_reason(keys: set[str] | dict[str, Any]) -> str:
+    """Why :func:`detect_tool_confidence` decided as it did, in one sentence (the key or share that decided)."""
+    for tool, signature in F.TOOL_SIGNATURES:
+        for sig in signature:
+            hit = next((k for k in keys if (k.endswith(sig[1:]) if sig.startswith("*")
+                                             else k == sig or k.startswith(sig + "."))), None)
+            if hit is not None:
+                return f"key {hit!r} is a signature of {F.TOOL_NAMES.get(tool, tool)}"
+    top = {k for k in keys if "." not in k}
+    known = sorted(top & F.HF_ARG_KEYS)
+    if len(known) >= F.HF_MIN_KEYS or (known and len(known) / max(len(top), 1) >= F.HF_MIN_SHARE):
+        return (f"{len(known)} of {len(top)} top-level keys are TrainingArguments fields "
+                f"({', '.join(known[:5])}{', ...' if len(known) > 5 else ''})")
+    return (f"no key is a signature of a tool Goblin knows, and {len(known)} of {len(top)} top-level keys are "
+            "TrainingArguments fields: too few to call it one")
 
 
 @dataclass

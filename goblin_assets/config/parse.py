@@ -36,6 +36,7 @@ from goblin_assets.config.mapping import (
     deprecated_keys,
     detect_tool,
     detect_tool_confidence,
+    detect_tool_reason,
     found,
     map_by_name,
     map_entries,
@@ -79,6 +80,7 @@ class _Parsed:
     warnings: list[str] = field(default_factory=list)
     cls: str | None = None
     confidence: float = 1.0
+    reason: str = ""
 
 
 # --------------------------------------------------------------------------- reading
@@ -161,6 +163,18 @@ def detect_format(path: Path, text: str) -> tuple[str, float]:
     return "unknown", F.FORMAT_CONFIDENCE["unknown"]
 
 
+def _format_reason(fmt: str, tool: str, parsed: _Parsed) -> str:
+    """Why the file is read as ``tool`` when the parser set no reason of its own (Python, shell, unknown text)."""
+    if tool == "unknown":
+        return f"a {fmt} file with no construct of a tool Goblin knows: read by key name only, no defaults"
+    what = F.TOOL_NAMES.get(tool, tool)
+    if fmt == "python":
+        return f"a Python script analysed as a {what}" + (f" (it builds {parsed.cls})" if parsed.cls else "")
+    if fmt == "shell":
+        return f"a launch line read as a {what}"
+    return f"read as {what}"
+
+
 # --------------------------------------------------------------------------- format parsers
 
 def _parse_python(text: str, name: str) -> _Parsed:
@@ -184,14 +198,15 @@ def _unknown_why(name: str) -> str:
 
 def _parse_mapping(raws: dict[str, Raw], fmt: str, name: str) -> _Parsed:
     tool, confidence = detect_tool_confidence(raws)
+    reason = detect_tool_reason(raws)
     if tool == "unknown":
         return _Parsed("unknown", fmt, map_by_name(raws, _unknown_why(name)).found, raws,
-                       warnings=[_unknown_why(name)], confidence=0.0)
+                       warnings=[_unknown_why(name)], confidence=0.0, reason=reason)
     mapped = map_entries(tool, raws)
     warnings = []
     if not any(not f.field.startswith("_") for f in mapped.found):
         warnings.append(f"{name}: no known training keys found for {F.TOOL_NAMES.get(tool, tool)}")
-    return _Parsed(tool, fmt, mapped.found, raws, {}, warnings, confidence=confidence)
+    return _Parsed(tool, fmt, mapped.found, raws, {}, warnings, confidence=confidence, reason=reason)
 
 
 def _parse_json(text: str, name: str) -> _Parsed:
@@ -206,8 +221,25 @@ def _parse_toml(text: str, name: str) -> _Parsed:
     return _parse_mapping(flatten_toml(text, name), "toml", name)
 
 
+def _shell_tool(text: str, raws: dict[str, Raw]) -> tuple[str, str] | None:
+    """A launch line of a tool other than the Trainer (fields.SHELL_TOOLS): (tool, why), else None."""
+    for tool, names, keys in F.SHELL_TOOLS:
+        named = next((n for n in names if n in text), None)
+        key = next((k for k in raws for want in keys if k == want or (want.endswith(".") and k.startswith(want))),
+                   None)
+        if named or key:
+            why = f"the line runs {named}" if named else f"flag {key!r} is one only {F.TOOL_NAMES[tool]} takes"
+            return tool, why
+    return None
+
+
 def _parse_shell(text: str, name: str) -> _Parsed:
     raws = scan_text(text, name)
+    other = _shell_tool(text, raws)
+    if other is not None:
+        tool, why = other
+        return _Parsed(tool, "shell", map_entries(tool, raws).found, raws, confidence=F.FORMAT_CONFIDENCE["content"],
+                       reason=f"{why}: read as a {F.TOOL_NAMES[tool]}, with that tool's own defaults only")
     hf_keys = {key for _, key, _, _ in tool_rows("shell")}
     if hf_keys & set(raws):
         return _Parsed("shell", "shell", map_entries("shell", raws).found, raws)
@@ -412,6 +444,19 @@ def _ga_per_gpu(cands: list[Found], total: Found, micro: Found, name: str) -> No
     torchtitan global_batch_size): global // (micro x GPUs), exact when the launch line gives
     the process count, else undetermined with the arithmetic spelled out."""
     gpus = _best(cands, "_gpus")
+    nodes, tp, pp = (_best(cands, k) for k in ("_nodes", "_tp", "_pp"))
+    split = 1
+    for aux in (tp, pp):   # Megatron: data-parallel ranks = processes / (tensor x pipeline parallel)
+        if aux is not None and isinstance(aux.value, int) and aux.value > 0:
+            split *= aux.value
+    if gpus is not None and str(gpus.value).isdigit() and nodes is not None and isinstance(nodes.value, int) \
+            and nodes.value > 1:
+        gpus = found("_gpus", int(gpus.value) * nodes.value, gpus.prov, gpus.rank)
+    if gpus is not None and str(gpus.value).isdigit() and split > 1:
+        if int(gpus.value) % split or int(gpus.value) < split:
+            gpus = None     # the stated parallel sizes do not divide the processes: no data-parallel degree
+        else:
+            gpus = found("_gpus", int(gpus.value) // split, gpus.prov, gpus.rank)
     per_step = f"{total.value} / ({micro.value} x number of GPUs)"
     examples = ", ".join(f"{total.value // (micro.value * n)} on {n} GPU{'s' if n > 1 else ''}"
                          for n in (1, 8) if total.value % (micro.value * n) == 0)
@@ -637,6 +682,7 @@ def parse_config(path: str | Path) -> ConfigDict:
         source_file=_source_path(path),
         source_format=f"{fmt}:{tool}",
         format_confidence=0.0 if tool == "unknown" else round(min(confidence, parsed.confidence), 2),
+        format_reason=redact(parsed.reason or _format_reason(fmt, tool, parsed)),
         provenance=provenance,
         warnings=_warnings(parsed, tool, texts, values, name, code),
     )
@@ -651,8 +697,11 @@ def config_to_json(cfg: ConfigDict) -> dict[str, Any]:
     -------
     dict
         Top-level keys: every ConfigDict field of ``CONFIG_FIELDS`` with its
-        value, ``source_file``, ``source_format``, ``provenance`` (field ->
-        ``{file, line, kind, detail, span}``) and ``warnings``.  All strings
+        value, ``source_file``, ``source_format``, ``format`` (the tool),
+        ``format_confidence``, ``format_reason`` (why the detector chose
+        that tool, issue 27), ``provenance`` (field -> ``{file, line, kind,
+        detail, span, key}``; kind ``observed`` only in a live audit's
+        effective config, never from ``goblin parse``) and ``warnings``.  All strings
         pass through :func:`redact`; ``raw_source`` is left out (it is on the
         ConfigDict, already redacted).
     """
@@ -661,6 +710,7 @@ def config_to_json(cfg: ConfigDict) -> dict[str, Any]:
     doc["source_format"] = cfg.source_format
     doc["format"] = cfg.source_format.rsplit(":", 1)[-1]      # the tool; "unknown" when Goblin does not know it
     doc["format_confidence"] = cfg.format_confidence
+    doc["format_reason"] = cfg.format_reason
     doc["provenance"] = {f: p.model_dump() for f, p in cfg.provenance.items()}
     doc["warnings"] = list(cfg.warnings)
     return redact_tree(doc)

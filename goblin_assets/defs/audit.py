@@ -37,6 +37,7 @@ from goblin_assets.redact import redact
 from goblin_assets.report.compare import AuditReport
 from goblin_assets.report.markdown import report_markdown, speedup_text
 from goblin_assets.runners.workload import Workload, load_workload
+from goblin_assets.tracking.mlflow_run import log_audit
 from goblin_assets.warehouse.tables import schema
 
 
@@ -323,7 +324,8 @@ def audit_report(context: dg.AssetExecutionContext, profile_run: RunMetrics,
     md = report_markdown(rep, f"data:image/png;base64,{base64.b64encode(png.read_bytes()).decode()}"
                          if png.is_file() else None)
     v = s.verdict()
-    context.add_output_metadata({"verdict": v.headline, "verdict_status": v.status, "healthy": v.healthy,
+    mlflow_run = log_audit(s)  # one MLflow run when $GOBLIN_MLFLOW_TRACKING_URI is set (tracking/mlflow_run.py)
+    context.add_output_metadata({**({"mlflow_run_id": mlflow_run} if mlflow_run else {}), "verdict": v.headline, "verdict_status": v.status, "healthy": v.healthy,
                                  "patch_offered": v.patch_offered,
                                  **warehouse.write(s.rows("audit_report")), "report": dg.MetadataValue.md(md),
                                  "report_path": dg.MetadataValue.path(str(s.report_path)),

@@ -12,6 +12,7 @@ STORES: dict[str, str] = {phys: tidy for tidy, phys in STORED_AS.items()}
 #: ``warehouse.tables.TABLES`` has its writers here (tests/test_sql_models.py checks it).
 TABLE_PRODUCERS: dict[str, list[str]] = {
     "configs": ["training_config"],
+    "observed_settings": ["profile_run"],
     "runs": ["profile_run", "tensor_sketches", "benchmark_patched", "recorded_trace"],
     "kernels": ["profile_run", "benchmark_patched", "recorded_trace"],
     "waste_budget": ["waste_budget", "benchmark_patched", "recorded_trace"],

@@ -81,6 +81,7 @@ def throughput_fields(raw: RawRun, workload: Workload) -> dict:
         "dataset_in_memory": raw.result.dataset_in_memory,
         "nonfinite_step": raw.result.first_nonfinite_step,
         "nonfinite_params": list(raw.result.nonfinite_params),
+        "observed": raw.result.observed.model_dump() if raw.result.observed is not None else None,
     }
     return out
 

@@ -47,6 +47,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from goblin_assets.config import fields as F
 from goblin_assets.contracts import ConfigDict, KeywordEdit, Patch, RuleMatch, RunMetrics
 from goblin_assets.errors import PatchError
 from goblin_assets.host import keyword_names
@@ -84,8 +85,24 @@ def _write(config: ConfigDict, path: Path, changes: dict[str, Any], companions: 
 
     Raises PatchError for a file whose format the parser does not know
     (``source_format`` ``<syntax>:unknown``): no key of it is known to mean
-    anything, so nothing is written into it (issue 17).
+    anything, so nothing is written into it (issue 17).  For a live audit's
+    effective config, the file's own values and lines are edited
+    (``ConfigDict.as_parsed``), and a field whose observed value disagrees
+    with the file's (``ConfigDict.disagreements``) is refused with the
+    finding: the value that wins is set where the parser cannot see, so
+    editing the file's line would change nothing (issue 27).
     """
+    blocked = {d.field: d for d in config.disagreements if not d.patchable}
+    config = config.as_parsed()
+    for fld in changes:
+        if fld in blocked:
+            d = blocked[fld]
+            raise PatchError(f"{fld}: the run used {d.run_value!r}, not the file's {d.file_value!r} "
+                             f"({d.file_where}); the value that wins is set where the parser cannot see, so no "
+                             "patch is written into the file's line")
+    if config.source_format.rsplit(":", 1)[-1] in F.READ_ONLY_TOOLS:
+        raise PatchError(f"{path.name}: Goblin reads {F.TOOL_NAMES[config.source_format.rsplit(':', 1)[-1]]} "
+                         "files, but where a new value goes in them is unknown to its writers: no patch is written")
     if config.source_format.rsplit(":", 1)[-1] == "unknown":
         raise PatchError(f"{path.name}: Goblin does not know this file's format ({config.source_format}); "
                          "it writes no patch into a format it cannot read back")

@@ -138,6 +138,8 @@ class AuditReport(BaseModel):
     nonfinite_html: str = ""
     tensor_markdown: list[str] = Field(default_factory=list)
     tensor_html: str = ""
+    #: The config as it ran: each field where the run's observed value disagrees with the file (issue 27).
+    config_markdown: list[str] = Field(default_factory=list)
     trace_diff_markdown: list[str] = Field(default_factory=list)
     python: str | None = None
     packages: dict[str, str | None] = Field(default_factory=dict)
@@ -287,6 +289,24 @@ def _shape(config: ConfigDict, before: RunMetrics) -> str:
     return shape
 
 
+def config_markdown(config: ConfigDict) -> list[str]:
+    """The report's section on the config as it ran (issue 27): every disagreement between the file and the
+    run, with both values and where each came from; empty when nothing was observed (a replay)."""
+    if not config.parsed_provenance:
+        return []
+    n = len(config.parsed_provenance)
+    out = ["## The config as it ran (observed)", ""]
+    if not config.disagreements:
+        return out + [f"The run used what the file states for every field both give ({n} fields observed in the "
+                      "running program; rules and the waste budget read the observed values).", ""]
+    out += [f"{len(config.disagreements)} of {n} observed fields differ from the file; rules and the waste budget "
+            "read the value the run used, and no patch is written into a line that does not decide the value:", ""]
+    for d in config.disagreements:
+        out.append(f"- **{d.field}**: the file says `{d.file_value!r}` ({redact(d.file_where)}); the run used "
+                   f"`{d.run_value!r}` ({redact(d.run_where)}). Why: {redact(d.cause)}.")
+    return out + [""]
+
+
 def compare_runs(before: RunMetrics, after: RunMetrics, bench: dict[str, BenchmarkResult], patch: Patch,
                  config: ConfigDict, model: str = "", calibration: Calibration | None = None,
                  nonfinite: NonfiniteEvidence | None = None, python: str | None = None,
@@ -373,6 +393,7 @@ def compare_runs(before: RunMetrics, after: RunMetrics, bench: dict[str, Benchma
         warnings=[*before.warnings, *headroom], created_at=time.strftime("%Y-%m-%d %H:%M:%S"),
         nonfinite_markdown=nonfinite.markdown if nonfinite else [], nonfinite_html=nonfinite.html if nonfinite else "",
         tensor_markdown=tensors.markdown() if tensors is not None else [],
+        config_markdown=config_markdown(config),
         tensor_html=tensors.html() if tensors is not None else "",
         python=python, packages=dict(packages or {}), hazards=list(hazards or []), signals=list(before.signals or []),
         verdict=verdict,

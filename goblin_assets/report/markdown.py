@@ -13,7 +13,7 @@ from goblin_assets.measure.benchmark import SpeedupInterval, verdict_line
 from goblin_assets.measure.calibration import Calibration, calibrate
 from goblin_assets.opscope.tensor_findings import TensorFindings
 from goblin_assets.redact import redact
-from goblin_assets.report.compare import AuditReport, HazardNote
+from goblin_assets.report.compare import AuditReport, HazardNote, config_markdown
 from goblin_assets.report.verdict import Verdict
 
 
@@ -176,6 +176,7 @@ def render_markdown(rep: AuditReport, chart_name: str | None = None) -> str:
     out += rep.nonfinite_markdown
     out += rules_markdown(rep.applied, rep.dropped, rep.env, rep.unset_env, rep.hazards, rep.consistency_notes)
     out += ["", *patch_markdown(rep.diff, rep.verdict)]
+    out += rep.config_markdown
     out += ["## Throughput (measured)", "", f"| run | {u} (median) | spread (max−min) | step time (profiled) |",
             "|---|---|---|---|",
             f"| original | {rep.baseline_throughput:.1f} | {rep.baseline_spread:.1f} | "
@@ -296,7 +297,7 @@ def replay_report(before: RunMetrics, patch: Patch, config: ConfigDict, model: s
     out = [*head, *(nonfinite_markdown or []),
            *rules_markdown(patch.applied, patch.dropped, patch.env, patch.unset_env, list(hazards or []),
                            patch.consistency_notes),
-           "", *patch_markdown(redact(patch.diff), verdict, exact_note=False),
+           "", *patch_markdown(redact(patch.diff), verdict, exact_note=False), *config_markdown(config),
            f"## {'Profiled' if kind == 'measured' else 'Recorded'} run ({kind})", "", "| metric | value |", "|---|---|",
            *[f"| {k} | {v} |" for k, v in rows],
            "", f"## Waste budget per step ({kind})", "", "| bucket | ms/step | status |", "|---|---|---|",

@@ -537,6 +537,7 @@ class Harness:
             grads_missing=self.grads_missing, params_trainable=self.params_trainable,
             nonfinite_params=self._nonfinite_params(),
             first_nonfinite_step=self.first_nonfinite, memory=self.memory.result(),
+            observed=self.observer.record() if getattr(self, "observer", None) is not None else None,
         )
         if self.device_kind == "cuda":
             result["device_name"] = torch.cuda.get_device_name(0)
@@ -623,6 +624,16 @@ def launched(spec_path: str, python_argv: list[str]) -> int:
     return run({**spec, "script": str(path.absolute()), "args": args})
 
 
+def sibling(name: str):
+    """A module of this folder loaded by path (the harness runs as a file, not from Goblin's package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"goblin_harness_{name}", Path(__file__).with_name(f"{name}.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def main(argv: list[str]) -> int:
     if argv and argv[0] == "--launched":
         return launched(argv[1], argv[2:])
@@ -636,6 +647,8 @@ def run(spec: dict) -> int:
         torch.set_num_threads(int(spec["threads"]))
     h.install_loader_counter()
     h.install_signal_hooks()
+    h.observer = sibling("observe").Observer(spec)  # the settings as they ran (runners/observe.py, issue 27)
+    h.observer.install()
     cap_trainer_max_steps(h.warmup + h.steps + (MAX_PREFETCH_WARMUP if h.mode in ("profile", "benchmark") else 0))
     handle = register_optimizer_step_post_hook(h.on_step)
     script = spec["script"]

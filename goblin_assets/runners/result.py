@@ -114,6 +114,164 @@ class PyWarning(BaseModel):
     step: int = Field(ge=1)
 
 
+class ObservedLoader(BaseModel):
+    """One DataLoader the script iterated, as constructed (``runners/observe.py``).
+
+    ``batch_size`` in samples per batch (the batch sampler's when the loader
+    has none of its own); ``step`` the optimizer step (from 1) during which it
+    was first iterated; ``where`` the first frame outside torch,
+    accelerate and transformers that iterated it (``file:line``).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    cls: str
+    batch_size: int | None = None
+    num_workers: int = Field(ge=0)
+    pin_memory: bool
+    prefetch_factor: int | None = None
+    persistent_workers: bool
+    drop_last: bool
+    sampler: str | None = None
+    dataset: str | None = None
+    step: int = Field(ge=1)
+    iterations: int = Field(ge=1)
+    where: str | None = None
+
+
+class ObservedGroup(BaseModel):
+    """One parameter group of an optimizer at its first step: ``lr`` the base (``initial_lr`` of a scheduler,
+    else ``lr``), ``lr_now`` the value at that step, ``params`` its tensors."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    lr: float | None = None
+    lr_now: float | None = None
+    betas: list[float] | None = None
+    momentum: float | None = None
+    weight_decay: float | None = None
+    eps: float | None = None
+    params: int = Field(ge=0)
+
+
+class ObservedOptimizer(BaseModel):
+    """One optimizer the script stepped: class, module, groups, ``fused`` / ``foreach`` (None: left to torch)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cls: str
+    module: str
+    groups: list[ObservedGroup] = Field(default_factory=list)
+    fused: bool | None = None
+    foreach: bool | None = None
+    step: int = Field(ge=1)
+
+
+class ObservedScheduler(BaseModel):
+    """An LR scheduler constructed: class and the warm-up steps the object states (None: not stated)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cls: str
+    warmup_steps: int | float | None = None
+    detail: str = ""
+
+
+class ObservedAutocast(BaseModel):
+    """A ``torch.autocast`` region entered: device type, dtype, enabled, where first entered, how often,
+    whether gradients were on (``training``) and the optimizer step (from 1) of its first entry."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    device_type: str
+    dtype: str | None = None
+    enabled: bool
+    where: str | None = None
+    count: int = Field(ge=1)
+    training: bool
+    first_step: int = Field(ge=1)
+
+
+class ObservedBatch(BaseModel):
+    """The batch field of one of the first batches: ``shape`` and ``dtype``; with a mask, ``padded_rows``
+    (rows with a pad position) and ``longest`` (the longest row's real tokens)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    shape: list[int] | None = None
+    dtype: str | None = None
+    step: int = Field(ge=1)
+    padded_rows: int | None = None
+    longest: int | None = None
+
+
+class ObservedModel(BaseModel):
+    """The module holding the stepped parameters: class, its config's name/path and attention
+    implementation, whether gradient checkpointing is on, ``nn.MultiheadAttention`` modules."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cls: str
+    name_or_path: str | None = None
+    attn_implementation: str | None = None
+    config_class: str | None = None
+    gradient_checkpointing: bool
+    attention_modules: int = Field(ge=0)
+
+
+class ObservedAdapter(BaseModel):
+    """A peft adapter on the model: its name, type, rank ``r``, ``lora_alpha`` and target modules."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    peft_type: str | None = None
+    r: int | None = None
+    lora_alpha: float | None = None
+    target_modules: list[str] | str | None = None
+
+
+class ObservedRecord(BaseModel):
+    """The settings the running program used, recorded by the harness (``runners/observe.py``, issue 27).
+
+    Counts per optimizer step (the first 64): ``backward_per_step`` (calls of
+    ``torch.autograd.backward``: gradient accumulation as it ran) and
+    ``batches_per_step``.  ``param_dtypes`` / ``grad_dtypes``: trainable
+    tensors per dtype at the first step.  ``checkpoint_calls`` /
+    ``sdpa_calls``: calls of ``torch.utils.checkpoint.checkpoint`` and
+    ``scaled_dot_product_attention`` over the run; ``sdpa_backends`` the SDPA
+    backends torch had enabled (CUDA/ROCm only).  ``threads``:
+    ``torch.get_num_threads()`` at the first step.  ``training_arguments`` /
+    ``lightning_trainer``: the trainer objects' own values when the script
+    built one (the harness caps ``max_steps``).  ``errors``: what could not be
+    read (the script ran on regardless).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    loaders: list[ObservedLoader] = Field(default_factory=list)
+    optimizers: list[ObservedOptimizer] = Field(default_factory=list)
+    schedulers: list[ObservedScheduler] = Field(default_factory=list)
+    backward_per_step: list[int] = Field(default_factory=list)
+    batches_per_step: list[int] = Field(default_factory=list)
+    autocast: list[ObservedAutocast] = Field(default_factory=list)
+    grad_scaler: dict[str, Any] | None = None
+    param_dtypes: dict[str, int] = Field(default_factory=dict)
+    grad_dtypes: dict[str, int] = Field(default_factory=dict)
+    checkpoint_calls: int = Field(default=0, ge=0)
+    sdpa_calls: int = Field(default=0, ge=0)
+    sdpa_backends: dict[str, bool] = Field(default_factory=dict)
+    batches: list[ObservedBatch] = Field(default_factory=list)
+    model: ObservedModel | None = None
+    adapter: ObservedAdapter | None = None
+    training_arguments: dict[str, Any] | None = None
+    lightning_trainer: dict[str, Any] | None = None
+    threads: int | None = None
+    steps: int = Field(default=0, ge=0)
+    errors: list[str] = Field(default_factory=list)
+    most_common_backward: int | None = None
+
+
 class HarnessResult(BaseModel):
     """Everything the child harness reports to the parent (``RUN_DIR/result.json``).
 
@@ -141,6 +299,8 @@ class HarnessResult(BaseModel):
     step 1; ``"nan"``/``"inf"`` as strings; None where no scalar backward was
     seen), ``grads_missing`` (per step, trainable parameters of the stepped
     optimizers whose ``.grad`` was None at the step) and ``params_trainable``.
+    ``observed``: the settings the program ran with (:class:`ObservedRecord`;
+    None from a harness older than issue 27).
     ``memory`` is the harness's memory record
     (:class:`~goblin_assets.runners.memory_probe.MemoryRecorder`): ``census``
     (live tensor bytes by role when the warm-up ended; None in ``benchmark``
@@ -183,6 +343,7 @@ class HarnessResult(BaseModel):
     losses: list[float | str | None] = Field(default_factory=list)
     grads_missing: list[int] = Field(default_factory=list)
     params_trainable: int = Field(default=0, ge=0)
+    observed: ObservedRecord | None = None
 
     @property
     def trace_path(self) -> Path | None:

@@ -69,6 +69,27 @@ def configs_frame(cfg: ConfigDict, audit_id: str, workload: str) -> pd.DataFrame
     return _frame("configs", rows)
 
 
+def observed_frame(cfg: ConfigDict, audit_id: str, workload: str, run_id: str) -> pd.DataFrame:
+    """One row of ``observed_settings`` per field the run observed (issue 27): the value the program ran with,
+    the file's value beside it, where each came from and whether they agree.
+
+    ``status`` is always ``observed``; ``parsed_status`` the parsed value's
+    provenance kind; ``agrees`` False for a field listed in
+    ``cfg.disagreements``.  Empty for a config nothing was observed for.
+    """
+    differ = {d.field for d in cfg.disagreements}
+    rows = []
+    for f, pprov in cfg.parsed_provenance.items():
+        prov = cfg.provenance.get(f)
+        rows.append({"audit_id": audit_id, "run_id": run_id, "workload": workload, "field": f,
+                     "value_json": json.dumps(getattr(cfg, f)), "parsed_value_json": json.dumps(cfg.parsed.get(f)),
+                     "status": "observed", "parsed_status": pprov.kind,
+                     "file": redact(prov.file) if prov and prov.file else None, "line": prov.line if prov else None,
+                     "key": prov.key if prov else None, "detail": redact(prov.detail) if prov else "",
+                     "agrees": f not in differ})
+    return _frame("observed_settings", rows)
+
+
 def runs_frame(m: RunMetrics, run_id: str, label: str, audit_id: str | None = None) -> pd.DataFrame:
     """One row of ``runs`` (the full RunMetrics kept as JSON in ``metrics_json``)."""
     return _frame("runs", [{

@@ -50,6 +50,14 @@ TABLES: dict[str, list[tuple[str, str, bool]]] = {
         ("line", "BIGINT", True), ("key", "VARCHAR", True), ("detail", "VARCHAR", False),
         ("source_format", "VARCHAR", False),
     ],
+    # the settings the program ran with, per field (issue 27; config/observed.py), beside the file's value
+    "observed_settings": [
+        ("audit_id", "VARCHAR", False), ("run_id", "VARCHAR", False), ("workload", "VARCHAR", False),
+        ("field", "VARCHAR", False), ("value_json", "VARCHAR", False), ("parsed_value_json", "VARCHAR", False),
+        ("status", "VARCHAR", False), ("parsed_status", "VARCHAR", False), ("file", "VARCHAR", True),
+        ("line", "BIGINT", True), ("key", "VARCHAR", True), ("detail", "VARCHAR", False),
+        ("agrees", "BOOLEAN", False),
+    ],
     "audits": [
         ("audit_id", "VARCHAR", False), ("workload", "VARCHAR", False), ("created_at", "TIMESTAMP", False),
         ("profile_run_id", "VARCHAR", False), ("baseline_run_id", "VARCHAR", True),
@@ -212,7 +220,8 @@ TABLES: dict[str, list[tuple[str, str, bool]]] = {
 
 #: Extra checks per (table, column) beyond type and nullability.
 _CHECKS: dict[tuple[str, str], list[pa.Check]] = {
-    ("configs", "status"): [pa.Check.isin(["literal", "default", "variable", "env", "inferred", "unset"])],
+    ("configs", "status"): [pa.Check.isin(["literal", "default", "variable", "env", "inferred", "unset",
+                                           "observed"])],
     ("runs", "provenance"): [pa.Check.isin(["measured", "replayed", "modelled"])],
     ("waste_budget", "status"): [pa.Check.isin(["measured", "estimated", "not_observable"])],
     ("waste_budget", "time_per_step_s"): [pa.Check.ge(0)],

@@ -1,0 +1,1 @@
+"""Experiment tracking: an audit logged beside the training run it audited (MLflow)."""

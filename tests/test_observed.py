@@ -1,0 +1,135 @@
+"""The config as it ran (issue 27): the harness observes the program's settings; observed values win.
+
+Each observed value is checked against what the program really used, read back
+from the run (its own objects, written by the override workload's script; the
+harness's step counts; the trainer's own arguments), never against the parser.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from goblin_assets.audit.session import AuditSession
+from goblin_assets.config.observed import effective_config, observed_values
+from goblin_assets.config.parse import config_to_json, parse_config
+from goblin_assets.contracts import CONFIG_FIELDS
+from goblin_assets.errors import PatchError
+from goblin_assets.measure.profile import profile_run
+from goblin_assets.patch.propose import edit_source
+from goblin_assets.report.compare import config_markdown
+from goblin_assets.runners.local import LocalRunner
+from goblin_assets.runners.workload import load_workload
+from goblin_assets.warehouse import frames as F
+from goblin_assets.warehouse.tables import schema
+from tests.conftest import REPO, WORKLOADS
+
+OVERRIDE = REPO / "tests" / "data" / "override_workload"
+
+
+@pytest.fixture(scope="module")
+def override_run(tmp_path_factory):
+    """One real run of the override workload (flags over its config.yaml), with the script's own truth file."""
+    home = tmp_path_factory.mktemp("observed")
+    truth = home / "truth.json"
+    wl = load_workload(OVERRIDE)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GOBLIN_HOME", str(home))
+        m = profile_run(wl, LocalRunner(timeout_s=300), steps=2, warmup=1, env={"OBSERVE_TRUTH": str(truth)})
+    assert m.ok, m.failure
+    return wl, m, json.loads(truth.read_text())
+
+
+def test_every_field_observed_equals_what_the_program_used(override_run):
+    wl, m, truth = override_run
+    obs = observed_values(m.observed)
+    assert set(obs) == set(CONFIG_FIELDS)
+    got = {f: v for f, (v, _) in obs.items()}
+    truth["optimizer"] = {"AdamW": "adamw_torch"}[truth["optimizer"]]
+    assert got == truth
+    assert all(p.kind == "observed" for _, p in obs.values())
+
+
+def test_flags_over_the_config_file_are_reported_with_both_values(override_run):
+    wl, m, _ = override_run
+    cfg = effective_config(parse_config(wl.config_file), m.observed, args=wl.args, config_is_entry=False)
+    found = {d.field: d for d in cfg.disagreements}
+    assert set(found) == {"batch_size", "grad_accum_steps", "precision"}
+    assert (found["batch_size"].file_value, found["batch_size"].run_value) == (16, 8)
+    assert (found["grad_accum_steps"].file_value, found["grad_accum_steps"].run_value) == (4, 2)
+    assert (found["precision"].file_value, found["precision"].run_value) == ("bf16", "fp32")
+    for d in found.values():
+        assert "config.yaml:" in d.file_where and "workload's arguments" in d.cause and not d.patchable
+    assert cfg.batch_size == 8 and cfg.parsed["batch_size"] == 16
+    assert cfg.provenance["batch_size"].kind == "observed" and cfg.parsed_provenance["batch_size"].kind == "literal"
+    md = "\n".join(config_markdown(cfg))
+    assert "3 of 15 observed fields differ" in md and "`'bf16'`" in md and "`'fp32'`" in md
+    # the session reads the same: rules and the waste model see the run's values
+    s = AuditSession.open(wl, profile_run=m, training_config=parse_config(wl.config_file))
+    assert s.effective_config().values() == cfg.values()
+    frame = F.observed_frame(s.effective_config(), "a1", wl.name, "a1-profile")
+    schema("observed_settings").validate(frame)
+    assert sorted(frame.loc[~frame["agrees"], "field"]) == ["batch_size", "grad_accum_steps", "precision"]
+
+
+def test_patch_refuses_a_line_the_run_does_not_read(override_run):
+    """digits_mlp's train.py states batch 64; a run that used another batch size makes that line not decide it."""
+    _, m, _ = override_run
+    src = WORKLOADS / "digits_mlp" / "train.py"
+    cfg = effective_config(parse_config(src), m.observed)
+    assert {d.field for d in cfg.disagreements} >= {"batch_size", "lr", "optimizer"}
+    with pytest.raises(PatchError, match="parser cannot see"):
+        edit_source(cfg, {"batch_size": 32}, src, packages={})
+    edited = edit_source(cfg, {"dataloader_workers": 2}, src, packages={})   # both say 0: the file's line decides
+    assert "default=2" in edited
+
+
+def test_parse_json_keeps_its_shape():
+    cfg = parse_config(OVERRIDE / "config.yaml")
+    doc = config_to_json(cfg)
+    assert set(doc) == {*CONFIG_FIELDS, "source_file", "source_format", "format", "format_confidence", "format_reason",
+                        "provenance", "warnings"}
+    assert "no key is a signature" in doc["format_reason"]
+
+
+def test_digits_every_field_observed(digits_profile):
+    """The shipped raw loop: every field observed; batch, accumulation and threads equal the harness's counts."""
+    obs = observed_values(digits_profile.observed)
+    assert set(obs) == set(CONFIG_FIELDS)
+    rec = digits_profile.observed
+    assert obs["batch_size"][0] == digits_profile.samples_per_step == 64
+    assert obs["grad_accum_steps"][0] == rec["batches_per_step"][-1] == 1
+    assert (obs["optimizer"][0], obs["lr"][0], obs["precision"][0]) == ("sgd", 0.05, "fp32")
+    assert obs["lora_rank"][0] is None and "no peft adapter" in obs["lora_rank"][1].detail
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,precision", [("tiny_workload", "fp32"), ("fp16_overflow_workload", "fp16")])
+def test_test_workloads_every_field_observed(tmp_path, monkeypatch, name, precision):
+    """The runnable test workloads (half_workload: tests/test_evidence.py, on its audit's run; MiniLM:
+    tests/test_minilm_audit.py): every field observed; batch and accumulation equal the harness's own counts,
+    precision the dtype the stepped parameters really had (``model.half()``: float16, no autocast)."""
+    monkeypatch.setenv("GOBLIN_HOME", str(tmp_path))
+    m = profile_run(load_workload(REPO / "tests" / "data" / name), LocalRunner(timeout_s=300), steps=2, warmup=1)
+    assert m.ok, m.failure
+    obs = {f: v for f, (v, _) in observed_values(m.observed).items()}
+    assert set(obs) == set(CONFIG_FIELDS)
+    assert obs["batch_size"] == m.samples_per_step / m.observed["batches_per_step"][-1]
+    assert obs["grad_accum_steps"] == m.observed["backward_per_step"][-1] == 1
+    dtype = {"fp32": "float32", "fp16": "float16"}[precision]
+    assert obs["precision"] == precision and set(m.observed["param_dtypes"]) == {dtype}
+    assert obs["optimizer"] == "sgd" and not m.observed["autocast"]
+
+
+def observed_equals_trainer(m) -> None:
+    """A Trainer + LoRA run's observed fields equal the Trainer's and the adapter's own objects (read in the run);
+    shared with tests/test_minilm_audit.py, which asserts it on its audit's profiled run."""
+    obs = {f: v for f, (v, _) in observed_values(m.observed).items()}
+    assert set(obs) == set(CONFIG_FIELDS)
+    ta, ad = m.observed["training_arguments"], m.observed["adapter"]
+    assert obs["batch_size"] == ta["per_device_train_batch_size"] == m.samples_per_step
+    assert obs["grad_accum_steps"] == ta["gradient_accumulation_steps"] == 1
+    assert obs["lr"] == ta["learning_rate"] and obs["warmup_steps"] == ta["warmup_steps"]
+    assert obs["lora_rank"] == ad["r"] and ad["target_modules"] == ["query", "value"]
+    assert obs["seq_len"] == pytest.approx(m.tokens_per_sec / m.samples_per_sec)   # tokens per sample, counted
+    assert (obs["attention_impl"], obs["padding"], obs["precision"]) == ("eager", "max_length", "fp32")
