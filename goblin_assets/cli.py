@@ -8,6 +8,7 @@
     goblin chat PATH [--question TEXT] [--base-url URL] [--model NAME] [--json]
     goblin sql "SELECT ..." [--json]
     goblin trace PATH [PATH_B] [--json] [--html OUT]
+    goblin fit PATH [--device mi300x|h100|...] [--json]
     goblin memory SNAPSHOT.pickle [--json] [--html OUT]
     goblin mcp [--http] [--port N]
 
@@ -233,6 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
     pa.set_defaults(fn=cmd_parse)
 
     from goblin_assets.cli_chat import add_chat_parser
+    from goblin_assets.cli_fit import add_fit_parser
     from goblin_assets.cli_kb import add_kb_parser
     from goblin_assets.cli_mcp import add_mcp_parser
     from goblin_assets.cli_memory import add_memory_parser
@@ -244,6 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_chat_parser(sub)
     add_mining_parsers(add_opscope_parser(sub))
     add_trace_parser(sub)
+    add_fit_parser(sub)
     add_memory_parser(sub)
     add_mcp_parser(sub)
 

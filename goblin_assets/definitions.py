@@ -6,6 +6,7 @@ import dagster as dg
 from goblin_assets.defs.agent import AGENT_ASSETS
 from goblin_assets.defs.audit import AUDIT_ASSETS, audit_workload_job
 from goblin_assets.defs.automation import automation_sensor, observe_rocm_image_daily, observe_rocm_image_job
+from goblin_assets.defs.fit import FIT_ASSETS
 from goblin_assets.defs.mining import MINING_ASSETS
 from goblin_assets.defs.opscope import OPSCOPE_ASSETS
 from goblin_assets.defs.partitions import workload_folders_sensor
@@ -86,7 +87,7 @@ def executor_from_env() -> dg.ExecutorDefinition:
 
 defs = dg.Definitions(
     assets=[*AUDIT_ASSETS, *AGENT_ASSETS, *OPSCOPE_ASSETS, *MINING_ASSETS, *SQL_ASSETS, *TRACE_ASSETS,
-            *MEMORY_ASSETS],
+            *MEMORY_ASSETS, *FIT_ASSETS],
     sensors=[workload_folders_sensor, automation_sensor, trace_files_sensor, snapshot_files_sensor],
     schedules=[observe_rocm_image_daily],
     jobs=[audit_workload_job, observe_rocm_image_job],

@@ -232,7 +232,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("tracking",),      # an audit logged to the experiment tracker (MLflow)
     ("agent",),         # the conversational agent
     ("cli", "cli_common", "cli_kb", "cli_chat", "cli_trace", "cli_opscope", "cli_opscope_mine", "cli_memory",
-     "cli_mcp", "mcp_server"),  # front doors (the MCP server's tools are the agent's and the commands' own)
+     "cli_mcp", "mcp_server", "cli_fit"),  # front doors (the MCP server's tools are the agent's and the commands' own)
     ("defs", "definitions", "demo", "stack", "ui"),  # orchestration
 )
 

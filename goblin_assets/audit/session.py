@@ -230,6 +230,8 @@ class AuditSession:
                  "Nothing was benchmarked and no rule was applied: a patch is only measured against an original "
                  "that runs. Fix the failure (or audit a configuration that runs) and audit again.", ""]
         lines += self._failure_evidence(first, m)
+        if "ran out of memory" in first:
+            lines += self._oom_section(exc)
         hang = read_hang_state(getattr(m, "run_dir", None))
         if hang is not None:  # a run that made no progress: where each thread waited (measure/hang.py)
             self.results["failure_kind"] = "hung"
@@ -300,6 +302,38 @@ class AuditSession:
             lines += [f"## Memory snapshot ({path.name})", "", *[f"- {d}" for d in rep.diagnosis],
                       *[f"- {k}: {v}" for k, v in rep.notes.items()], ""]
         return lines
+
+    def _oom_section(self, exc: RunFailed) -> list[str]:
+        """The out-of-memory part of a failure report: where, the largest consumers, the validated fix
+        (:func:`goblin_assets.audit.fit.oom_fix`, kept in ``results["oom_fix"]``)."""
+        from goblin_assets.audit.fit import oom_fix, oom_report_lines
+        from goblin_assets.runners.oom import read_oom_state
+
+        run_dir = getattr(exc.metrics, "run_dir", None)
+        found = read_oom_state(Path(run_dir)) if run_dir else None
+        state = found.model_dump() if found is not None else None
+        self.results["oom_state"] = state
+        self.log("out of memory: probing the step's memory to split the micro-batch")
+        try:
+            fix = oom_fix(self)
+        except GoblinError as err:
+            fix, self.not_observable["oom_fix"] = None, str(err)
+        self.results["oom_fix"] = fix
+        try:
+            rules = self.rules().by_id
+        except GoblinError:
+            rules = None
+        return oom_report_lines(state, fix, self.not_observable.get("oom_fix"), rules)
+
+    def memory_fit(self, device: str | None = None) -> dict[str, Any]:
+        """``goblin fit``: the step's memory term by term against a budget, and the levers
+        (:func:`goblin_assets.audit.fit.memory_fit`; not a stage of the audit: it runs probes only)."""
+        from goblin_assets.audit.fit import memory_fit
+
+        key = f"memory_fit:{device or ''}"
+        if key not in self.results:
+            self.results[key] = memory_fit(self, device)
+        return self.results[key]
 
     def rules(self) -> KnowledgeBase:
         """The knowledge base (loaded on first use).  Raises KBError."""

@@ -7,7 +7,9 @@ is run by path and imports nothing but the standard library and the user's
 torch, so the user's environment needs nothing of Goblin installed; only the
 ``sketch`` mode's tap is imported from Goblin's package, whose folder the spec
 names (``goblin_path``, appended to ``sys.path`` after the user's own
-packages).  Step boundaries come from torch's *global* optimizer step post hook
+packages), and its stdlib+torch siblings are loaded by their file path
+(:func:`_sibling`: ``memory_probe.py``, the tensor census and the device
+memory snapshot of a failed allocation).  Step boundaries come from torch's *global* optimizer step post hook
 (``torch.optim.optimizer.register_optimizer_step_post_hook``), so the user's
 script is never edited: after ``warmup`` optimizer steps the harness starts
 ``torch.profiler`` (mode ``profile``), times steps without a profiler (mode
@@ -89,6 +91,21 @@ SETUP = "setup, before the first batch"
 FORWARD = "forward (a batch loaded, no backward yet)"
 
 
+def sibling(name: str):
+    """The stdlib+torch module ``name``.py next to this file, loaded by its path (as this file is run)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"goblin_harness_{name}", Path(__file__).with_name(f"{name}.py"))
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+#: Tensor census, saved activations, device allocator history (runners/memory_probe.py).
+_memory_probe = sibling("memory_probe")
+
+
 def is_oom(exc: BaseException) -> bool:
     """True for a failed allocation: ``MemoryError``, torch's ``OutOfMemoryError``, or an allocator's ENOMEM text."""
     return isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError" or bool(
@@ -127,18 +144,6 @@ def _current_rss_bytes() -> int:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return 0
-
-
-def _sibling(name: str):
-    """The stdlib/torch-only module ``name`` next to this file, loaded by its path (a user's file of the same
-    name cannot shadow it): ``stall`` (heartbeat, stack dumps), ``compile_probe`` (dynamo's counters)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(f"_goblin_{name}", Path(__file__).with_name(f"{name}.py"))
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
@@ -236,15 +241,10 @@ def _leading_count(batch, field, unit: str, mask_field: str | None) -> tuple[int
 def load_invariants(window: int):
     """The recorder of run-time invariants (``invariants.py`` beside this file, stdlib + torch only), or None
     when that file is absent (a harness copied on its own) or ``GOBLIN_INVARIANTS=0`` switches it off."""
-    import importlib.util
-
     path = Path(__file__).with_name("invariants.py")
     if not path.is_file() or os.environ.get("GOBLIN_INVARIANTS") == "0":  # off: benchmarks/invariants_overhead.py
         return None
-    spec = importlib.util.spec_from_file_location("goblin_invariants", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.InvariantRecorder(window).install()
+    return sibling("invariants").InvariantRecorder(window).install()
 
 
 class Harness:
@@ -287,12 +287,14 @@ class Harness:
         # run-time invariants (runners/invariants.py), profile mode only; heavy work in the last warm-up step
         self.inv = load_invariants(self.warmup) if self.mode == "profile" else None
         self.heartbeat = self.compile_probe = None  # see install_watchers
+        self.batch_ptrs: set[int] = set()  # storages of the last DataLoader batch (memory census)
+        self.memory = _memory_probe.MemoryRecorder(spec, self.out)
 
     def install_watchers(self) -> None:
         """A heartbeat per optimizer step and stack dumps on a signal (``stall``: the parent's hang watch), and
         dynamo's record of the run once the script imports ``torch._dynamo`` (``compile_probe``)."""
-        self.heartbeat = _sibling("stall").install(self.out, _dl_worker)
-        self.compile_probe = _sibling("compile_probe").CompileProbe(lambda: self.step)
+        self.heartbeat = sibling("stall").install(self.out, _dl_worker)
+        self.compile_probe = sibling("compile_probe").CompileProbe(lambda: self.step)
         sys.meta_path.insert(0, _AfterImport("torch._dynamo", self.compile_probe.attach))
 
     # -- data loader wrapper --------------------------------------------------
@@ -317,6 +319,7 @@ class Harness:
             batch = orig(it)
             h.cur[3] += time.perf_counter() - t0
             h.phase, h.batch_bytes = FORWARD, _tensor_bytes(batch)
+            h.batch_ptrs = _memory_probe.batch_storages(batch)
             s, t, n = _leading_count(batch, h.field, h.unit, h.mask_field)
             h.cur[0] += s
             h.cur[1] += t
@@ -409,6 +412,7 @@ class Harness:
             if self.tap is not None:
                 self.tap.flush(self.step - self.warmup - 1)
         self.cur = [0, 0, 0, 0.0, 0]
+        self.memory.on_step(self.step, self.warmup, self._live_optimizers(), self.batch_ptrs)
         if self.step == self.warmup:
             self._begin_measured()
         elif self.step > self.warmup and self.prof is not None and self.step < self.warmup + self.steps:
@@ -483,6 +487,9 @@ class Harness:
             self.tap.__enter__()
 
     # -- a failed allocation ------------------------------------------------------
+    def _live_optimizers(self) -> list:
+        return [o for o in (r() for r in self.constructed) if o is not None]
+
     def memory_held(self) -> dict:
         """Bytes the script's optimizers hold: parameters, gradients and optimizer state (each tensor once).
 
@@ -533,6 +540,7 @@ class Harness:
                          peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                          address_space_bytes=vm.get("VmSize"), address_space_peak_bytes=vm.get("VmPeak"),
                          batch_bytes=self.batch_bytes, **self.memory_held())
+            state.update(self.memory.at_oom(self._live_optimizers(), self.batch_ptrs))
             if self.device_kind == "cuda":
                 state.update(device_allocated_bytes=torch.cuda.memory_allocated(),
                              device_reserved_bytes=torch.cuda.memory_reserved(),
@@ -560,7 +568,7 @@ class Harness:
             python_warnings=list(self.py_warnings.values())[:50], losses=self._losses(),
             grads_missing=self.grads_missing, params_trainable=self.params_trainable,
             nonfinite_params=self._nonfinite_params(),
-            first_nonfinite_step=self.first_nonfinite,
+            first_nonfinite_step=self.first_nonfinite, memory=self.memory.result(),
             observed=self.observer.record() if getattr(self, "observer", None) is not None else None,
             dynamo=self.compile_probe.summary() if self.compile_probe is not None else None,
         )
@@ -651,16 +659,6 @@ def launched(spec_path: str, python_argv: list[str]) -> int:
     return run({**spec, "script": str(path.absolute()), "args": args})
 
 
-def sibling(name: str):
-    """A module of this folder loaded by path (the harness runs as a file, not from Goblin's package)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(f"goblin_harness_{name}", Path(__file__).with_name(f"{name}.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def main(argv: list[str]) -> int:
     if argv and argv[0] == "--launched":
         return launched(argv[1], argv[2:])
@@ -682,6 +680,7 @@ def run(spec: dict) -> int:
     script = spec["script"]
     sys.argv = [script, *spec.get("args", [])]
     sys.path.insert(0, str(Path(script).parent))
+    h.memory.start()
     h.t_last = time.perf_counter()
     reached = False
     try:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
@@ -74,6 +75,12 @@ class OomState(BaseModel):
     device_allocated_bytes: int | None = None
     device_reserved_bytes: int | None = None
     device_peak_bytes: int | None = None
+    census: dict[str, Any] | None = None
+    census_note: str | None = None
+    rss_bytes_by_step: list[int | None] = []
+    saved_activation_bytes: int | None = None
+    device_oom: dict[str, Any] | None = None
+    snapshot: str | None = None
 
 
 def size_text(n: float) -> str:

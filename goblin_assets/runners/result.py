@@ -304,6 +304,11 @@ class HarnessResult(BaseModel):
     ``invariants``: the raw measurements of the run-time invariant checks
     (:mod:`goblin_assets.runners.invariants`, ``profile`` mode only; None otherwise),
     judged by :mod:`goblin_assets.measure.invariants`.
+    ``memory`` is the harness's memory record
+    (:class:`~goblin_assets.runners.memory_probe.MemoryRecorder`): ``census``
+    (live tensor bytes by role when the warm-up ended; None in ``benchmark``
+    mode), ``rss_bytes_by_step`` and, in a memory probe,
+    ``saved_activation_bytes_by_step``.
     Host facts (cores, CPU instruction sets) are not the harness's to report:
     they come from :mod:`goblin_assets.host`.
     """
@@ -321,6 +326,7 @@ class HarnessResult(BaseModel):
     num_threads: int = Field(ge=1)
     max_rss_gb: float = Field(ge=0)
     rss_gb_samples: list[float] = Field(default_factory=list)
+    memory: dict[str, Any] | None = None
     device_name: str | None = None
     device_arch: str | None = None
     mem_peak_gb: float | None = None

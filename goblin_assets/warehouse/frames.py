@@ -197,3 +197,31 @@ def join_frames(parts: Iterable[dict[str, pd.DataFrame]]) -> dict[str, pd.DataFr
             out.setdefault(table, []).append(df)
     return {t: dfs[0] if len(dfs) == 1 else pd.DataFrame([r for d in dfs for r in d.to_dict("records")],
                                                          columns=dfs[0].columns) for t, dfs in out.items()}
+
+
+def _fits_word(fits: bool | None) -> str:
+    return {True: "fits", False: "does not fit", None: "undetermined"}[fits]
+
+
+def memory_fit_frame(ans: dict, fit_id: str) -> pd.DataFrame:
+    """``memory_fit`` rows of one ``goblin fit`` answer (:func:`goblin_assets.audit.fit.memory_fit`): each term
+    of the configured step, its total, and each lever tried with its predicted peak."""
+    st = ans["step"]
+    base = {"fit_id": fit_id, "workload": ans["workload"], "device": ans.get("device"),
+            "budget_bytes": ans["budget_bytes"], "budget_basis": ans["budget_basis"]}
+    shape = {"micro_batch": st["micro_batch"], "grad_accum": st["grad_accum"], "global_batch": st["global_batch"]}
+    rows = [{**base, **shape, "kind": "term", "name": t["name"], "change_json": None, "bytes": t["bytes"],
+             "provenance": t["provenance"], "basis": t["basis"], "fits": _fits_word(ans["fits"])}
+            for t in st["terms"]]
+    rows.append({**base, **shape, "kind": "total", "name": "peak", "change_json": None, "bytes": ans["peak_bytes"],
+                 "provenance": "measured" if ans["peak_bytes"] is not None else "undetermined",
+                 "basis": "sum of the terms", "fits": _fits_word(ans["fits"])})
+    for lv in ans["levers"]:
+        ch = lv["change"]
+        rows.append({**base, "kind": "lever", "name": lv["lever"], "change_json": json.dumps(ch, sort_keys=True),
+                     "bytes": lv["peak_bytes"], "provenance": "modelled" if lv["peak_bytes"] is not None
+                     else "undetermined", "basis": "the memory model with this change",
+                     "micro_batch": int(ch.get("batch_size", st["micro_batch"])),
+                     "grad_accum": int(ch.get("grad_accum_steps", st["grad_accum"])),
+                     "global_batch": int(lv["global_batch"]), "fits": _fits_word(lv["fits"])})
+    return _frame("memory_fit", rows)

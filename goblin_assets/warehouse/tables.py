@@ -408,6 +408,24 @@ _CHECKS.update({
 })
 
 
+# --- "will it fit?" (issue 26): one row per term of the step's memory and per lever tried (audit/fit.py) ---
+TABLES.update({
+    "memory_fit": [
+        ("fit_id", "VARCHAR", False), ("workload", "VARCHAR", False), ("device", "VARCHAR", True),
+        ("kind", "VARCHAR", False), ("name", "VARCHAR", False), ("change_json", "VARCHAR", True),
+        ("bytes", "DOUBLE", True), ("provenance", "VARCHAR", False), ("basis", "VARCHAR", False),
+        ("micro_batch", "BIGINT", False), ("grad_accum", "BIGINT", False), ("global_batch", "BIGINT", False),
+        ("fits", "VARCHAR", False), ("budget_bytes", "DOUBLE", True), ("budget_basis", "VARCHAR", False),
+    ],
+})
+_CHECKS.update({
+    ("memory_fit", "kind"): [pa.Check.isin(["term", "total", "lever"])],
+    ("memory_fit", "fits"): [pa.Check.isin(["fits", "does not fit", "undetermined"])],
+    ("memory_fit", "provenance"): [pa.Check.isin(["measured", "estimated", "modelled", "not_observable",
+                                                  "undetermined"])],
+})
+
+
 for _t, _c in ADDED_COLUMNS:  # an added column must be nullable: the rows already there have no value for it
     assert column_type(_t, _c)[1], f"ADDED_COLUMNS: {_t}.{_c} must be nullable"
 
