@@ -12,6 +12,7 @@ out_of_memory               an allocator's out-of-memory message (CUDA/HIP ``Out
 invalid_device_function     the build has no kernel for this GPU (signal ``invalid_device_function``)
 hang                        a collective's watchdog timed out (``collective_timeout``) or the run
                             made no progress until the runner's wall-clock limit (``run_timeout``)
+                            or its stall watch stopped it (``run_stalled``)
 collective_error            NCCL/RCCL reported an error (``collective_error``)
 library_error               a library's own setup or error line (``library_setup_failed``, else
                             the last ``SomethingError: ...`` line of the traceback)
@@ -37,6 +38,7 @@ FAILURE_SIGNALS: tuple[tuple[str, str, str], ...] = (
      "invalid device function: the installed build has no kernel for this GPU's architecture"),
     ("hang", "collective_timeout", "hang: a collective operation timed out (a rank stopped reaching it)"),
     ("hang", "run_timeout", "hang: no progress until the wall-clock limit"),
+    ("hang", "run_stalled", "hang: no optimizer step in many times the median step time"),
     ("collective_error", "collective_error", "collective communication error (NCCL/RCCL)"),
     ("library_error", "library_setup_failed", "a library failed to set up its native code"),
 )

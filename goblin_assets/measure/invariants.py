@@ -119,6 +119,10 @@ def _inv(cid: str, status: str, value: float | None = None, **kw: Any) -> Invari
 
 def _numerics(raw: dict) -> Invariant:
     rows = [r for r in raw.get("numerics") or [] if "rel_err" in r]
+    if not rows and raw.get("numerics_window_too_early"):
+        return _inv("numerics_vs_reference", "not_observable",
+                    message="one warm-up step: the forward capture waits for a step that ran once before (it holds "
+                            "copies of each module's inputs, which must not be what runs the program out of memory)")
     if not rows:
         return _inv("numerics_vs_reference", "not_observable",
                     message="no leaf module's forward could be recomputed in float64 on the CPU")

@@ -138,7 +138,7 @@ def audit_verdict(*, failure: str = "", failure_class: str = "", nonfinite: Nonf
     items: list[VerdictItem] = []
     if failure:
         verb = "hung" if failure_kind == "hung" else "failed"
-        cls = f" ({failure_class})" if failure_class else ""
+        cls = f" ({failure_class})" if failure_class and failure_kind != "hung" else ""  # "hung" says it
         items.append(VerdictItem(kind=failure_kind, text=f"the original program {verb} as written{cls}: {failure}"))
     if nonfinite is not None:
         items.append(VerdictItem(kind="unhealthy", text=nonfinite.headline or "the run went non-finite (NaN/inf)"))

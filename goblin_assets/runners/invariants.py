@@ -10,7 +10,7 @@ thresholds and the host's facts.
 What is recorded, and when (``W`` is the spec's warm-up, the *window step*;
 all heavy work happens in warm-up steps, outside every timed step):
 
-* ``numerics``: during step ``W`` a global forward hook keeps, for the first
+* ``numerics``: during step ``W`` (``W >= 2``: a step that ran once before) a global forward hook keeps, for the first
   call of each leaf module (at most :data:`MAX_MODULES`, :data:`MAX_CAPTURE_BYTES`
   of tensors), its inputs and output in the run's precision; after step ``W``
   each module is run again on the CPU in float64 from the same inputs (a deep
@@ -183,9 +183,9 @@ class InvariantRecorder:
 
     def install(self) -> InvariantRecorder:
         """Hook into the process (the child harness calls this once): DataLoader worker starts and, for a
-        window of step 1, the forward capture from now on.  Returns the recorder."""
-        if self.window == 1:
-            self._start_capture()
+        window of step 1, no forward capture: its copies of each module's inputs would be held in a step that
+        has not yet run once, where they could be what makes the program run out of memory (a capped run's
+        phase of failure would then be ours).  Returns the recorder."""
         self._watch_workers()
         return self
 
@@ -461,7 +461,8 @@ class InvariantRecorder:
         self.cost_s += time.perf_counter() - t0
         return {"window_step": self.window, "steps": self.step, "cost_s": self.cost_s, "errors": self.errors,
                 "compute_dtype": self.compute_dtype, "numerics": self.numerics,
-                "numerics_skipped": self.numerics_skipped, "grads": self.grads,
+                "numerics_skipped": self.numerics_skipped, "numerics_window_too_early": self.window == 1,
+                "grads": self.grads,
                 "zero_grad_params": self.zero_grad_params[:20], "update": self.update,
                 "unchanged_params": self.unchanged, "trainable_checked": self.trainable_checked,
                 "optimizer": self.optimizer, "labels": self.labels, "threads": self.threads,
