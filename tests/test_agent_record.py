@@ -79,7 +79,7 @@ def test_a_measured_what_if_is_recorded_with_the_stages_it_ran(tmp_path):
     child.results["profile_run"] = measured
     assert audits_of(root) == [root, child]
     frames = conversation_frames(root)
-    assert set(frames) == {"configs", "runs", "kernels", "waste_budget"}
+    assert set(frames) == {"configs", "runs", "kernels", "waste_budget", "observed_settings", "compile_events"}
     assert sorted(frames["runs"].run_id) == sorted([f"{root.audit_id}-profile", f"{child.audit_id}-profile"])
     assert set(frames["configs"].audit_id) == {root.audit_id, child.audit_id}
     assert set(frames["waste_budget"].run_id) == set(frames["runs"].run_id)

@@ -63,7 +63,8 @@ def test_goblin_audit_json_on_digits(goblin_home, tmp_path):
     assert out["rules"] == ["data.loader_workers_with_threads"]
     # the run-time invariant checks ran in the profiled baseline and stay silent: a healthy step (issue 28)
     invs = {i["id"]: i for i in out["baseline"]["invariants"]}
-    assert set(invs) == set(CHECKS) and not [i for i in invs.values() if i["status"] == "fired"], invs
+    assert set(invs) == set(CHECKS)   # an info check (cores_busy: a premise, not a fault) may fire
+    assert not [i for i in invs.values() if i["status"] == "fired" and i["severity"] != "info"], invs
     assert invs["numerics_vs_reference"]["status"] == "silent"  # every Linear/ReLU matched its float64 reference
     # every speedup has an interval: paired repeats, added until it decides or the budget is spent.  How
     # much faster the patch is belongs to a benchmark (benchmarks/), not here: a loaded machine can flip

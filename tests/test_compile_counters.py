@@ -1,6 +1,6 @@
 """torch.compile's record of a run: graph breaks with reason and line, recompiles with the failing guard.
 
-One real run of workloads/broken/compiled_branchy (backend="eager": no C++
+One real run of tests/data/broken/compiled_branchy (backend="eager": no C++
 build) in the harness, compared with ``torch._dynamo.explain`` on the same
 model and first batch.
 """
@@ -16,7 +16,7 @@ from goblin_assets.measure.signals import run_signals, signal_counts
 from goblin_assets.runners.local import LocalRunner
 from goblin_assets.runners.workload import load_workload
 
-WORKLOAD = Path(__file__).resolve().parents[1] / "workloads" / "broken" / "compiled_branchy"
+WORKLOAD = Path(__file__).resolve().parents[1] / "tests" / "data" / "broken" / "compiled_branchy"
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,8 @@
 """Hung runs: the stall watch stops them, every thread's stack is dumped, the report names the waiting line.
 
 Three real CPU workloads run at once (one module fixture, a thread each): a
-loop whose producer thread dies (workloads/broken/dead_producer), a
-DataLoader worker that deadlocks (workloads/broken/worker_deadlock), and a
+loop whose producer thread dies (tests/data/broken/dead_producer), a
+DataLoader worker that deadlocks (tests/data/broken/worker_deadlock), and a
 barrier nobody else reaches before the first step (stopped by the timeout).
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ from goblin_assets.report.verdict import audit_verdict
 from goblin_assets.runners.local import LocalRunner
 from goblin_assets.runners.workload import load_workload
 
-BROKEN = Path(__file__).resolve().parents[1] / "workloads" / "broken"
+BROKEN = Path(__file__).resolve().parents[1] / "tests" / "data" / "broken"
 STALL_MIN_S = 3.0
 BARRIER_TIMEOUT_S = 15.0
 BARRIER = """\

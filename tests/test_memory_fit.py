@@ -119,14 +119,28 @@ def test_checkpointing_from_dimensions_and_undetermined_without_them():
     assert bare.term("activations").bytes is None and bare.peak_bytes is None
 
 
+#: The census counts every live tensor of its process (as in the user's), so it runs in a fresh one: in the
+#: test process other tests' models are alive too.
+CENSUS = """
+import json, sys, torch
+from goblin_assets.runners import memory_probe
+model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Linear(32, 4))
+model[0].weight.requires_grad_(False)
+opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])
+x = torch.randn(8, 16)
+model(x).sum().backward()
+opt.step()
+c = memory_probe.tensor_census([opt], memory_probe.batch_storages((x,)))
+c.pop("_param_storages", None)
+json.dump(c, sys.stdout)
+"""
+
+
 def test_census_sorts_live_tensors_by_role():
-    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Linear(32, 4))
-    model[0].weight.requires_grad_(False)
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])
-    x = torch.randn(8, 16)
-    model(x).sum().backward()
-    opt.step()
-    c = memory_probe.tensor_census([opt], memory_probe.batch_storages((x,)))
+    import subprocess
+    import sys
+
+    c = json.loads(subprocess.run([sys.executable, "-c", CENSUS], check=True, capture_output=True, text=True).stdout)
     assert c["frozen_param_bytes"] == 16 * 32 * 4
     assert c["trainable_param_bytes"] == (32 + 32 * 4 + 4) * 4
     assert c["grads_bytes"] == c["trainable_param_bytes"]

@@ -77,7 +77,9 @@ def test_minilm_audit_end_to_end(tmp_path, monkeypatch, plain_host):
     # the run-time invariant checks ran (issue 28) and stay silent on this healthy fine-tune: LoRA A's zero
     # gradient while B is zero is by design, and three steps in a learning-rate warm-up show no loss trend
     invs = {i.id: i for i in m.invariants}
-    assert set(invs) == set(CHECKS) and not {k: i.message for k, i in invs.items() if i.status == "fired"}
+    # (an info check may fire: cores_busy states that the run keeps the cores busy, a premise, not a fault)
+    assert set(invs) == set(CHECKS)
+    assert not {k: i.message for k, i in invs.items() if i.status == "fired" and i.severity != "info"}
     assert invs["numerics_vs_reference"].status == "silent" and invs["grad_below_normal"].status == "silent"
 
     # the rules come from the KB, with their citations; no special case in code

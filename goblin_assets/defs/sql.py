@@ -29,6 +29,9 @@ TABLE_PRODUCERS: dict[str, list[str]] = {
     "roofline": ["roofline"],
     "plan": ["plan"],
     "online_sketches": ["online_sketches"],
+    "memory_fit": ["memory_fit"],
+    **{t: ["memory_snapshot"] for t in ("memory_snapshots", "memory_snapshot_segments", "memory_snapshot_frames",
+                                        "memory_snapshot_events")},
     # recorded traces, and the audit's own GPU runs (the same analyses: goblin_assets/trace/)
     **{t: ["recorded_trace", "profile_run", "benchmark_patched"] for t in (
         "trace_runs", "trace_temporal", "trace_idle", "trace_kernel_categories", "trace_launch",

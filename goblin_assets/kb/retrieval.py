@@ -569,7 +569,8 @@ def fit_platt(scores: Sequence[float], labels: Sequence[bool], iters: int = 100)
 
     Platt (1999): targets smoothed to ``(N+ + 1) / (N+ + 2)`` for positives
     and ``1 / (N- + 2)`` for negatives; Newton's method with a small ridge
-    on the Hessian (Lin, Lin & Weng 2007's safeguard against a singular step).
+    on the Hessian and a backtracking line search on the log loss (Lin, Lin &
+    Weng 2007, Algorithm 1: a full Newton step can overshoot and diverge).
 
     Returns
     -------
@@ -581,14 +582,29 @@ def fit_platt(scores: Sequence[float], labels: Sequence[bool], iters: int = 100)
     n_pos, n_neg = int(y.sum()), int((~y).sum())
     t = np.where(y, (n_pos + 1.0) / (n_pos + 2.0), 1.0 / (n_neg + 2.0))
     a, b = 0.0, math.log((n_pos + 1.0) / (n_neg + 1.0))
+
+    def loss(a: float, b: float) -> float:  # -sum(t log p + (1 - t) log(1 - p)), computed without overflow
+        z = a * s + b
+        return float(np.sum(np.logaddexp(0.0, z) - t * z))
+
+    f = loss(a, b)
     for _ in range(iters):
         p = 1.0 / (1.0 + np.exp(-np.clip(a * s + b, -60.0, 60.0)))
         g = np.array([np.sum((p - t) * s), np.sum(p - t)])
         w = p * (1.0 - p)
         h = np.array([[np.sum(w * s * s), np.sum(w * s)], [np.sum(w * s), np.sum(w)]]) + 1e-9 * np.eye(2)
         step = np.linalg.solve(h, g)
-        a, b = a - step[0], b - step[1]
-        if np.max(np.abs(step)) < 1e-10:
+        size = 1.0
+        while size >= 1e-10:
+            na, nb = a - size * step[0], b - size * step[1]
+            nf = loss(na, nb)
+            if nf <= f + 1e-4 * size * float(g @ -step):  # sufficient decrease (Armijo)
+                break
+            size /= 2.0
+        else:
+            break
+        a, b, f = na, nb, nf
+        if np.max(np.abs(size * step)) < 1e-10:
             break
     return float(a), float(b)
 

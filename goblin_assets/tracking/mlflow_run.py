@@ -74,10 +74,11 @@ def artifact_root(uri: str) -> str | None:
 
 
 def audit_params(s: AuditSession) -> tuple[dict[str, str], dict[str, str]]:
-    """(parameters, provenance tags) of the session's ConfigDict: every field, ``undetermined`` when unset."""
+    """(parameters, provenance tags) of the config as it ran (:meth:`AuditSession.effective_config`: observed
+    values over the parsed ones, as ``--json``'s ``config``): every field, ``undetermined`` when unset."""
     from goblin_assets.contracts import CONFIG_FIELDS
 
-    cfg = s.training_config()
+    cfg = s.effective_config()
     params = {f: "undetermined" if v is None else redact(str(v))[:MAX_PARAM_CHARS] for f, v in cfg.values().items()}
     tags = {f"goblin.provenance.{f}": cfg.provenance[f].kind if f in cfg.provenance else "unset"
             for f in CONFIG_FIELDS}
