@@ -88,15 +88,55 @@ class TraceReport:
         }
 
 
+def run_analysis(name: str, fn: Callable[[TraceEvents], object], ev: TraceEvents) -> tuple[object, str | None]:
+    """``(fn(ev), None)``, or ``(empty DataFrame, reason)`` when the analysis cannot handle this trace.
+
+    An analysis that cannot handle a trace ends ``not_observable`` with its
+    reason (one line naming the analysis, the file and the error), never with
+    a traceback: a missing host side (rocprofv3 output) raises
+    :class:`TraceReadError`; any other error (e.g. a CUPTI-profiler trace with
+    ``cuda_profiler_range`` events and no kernels) is reported the same way.
+    """
+    try:
+        return fn(ev), None
+    except TraceReadError as exc:
+        return pd.DataFrame(), str(exc)
+    except Exception as exc:  # noqa: BLE001 - one analysis must not end the others (issue 29)
+        detail = str(exc).splitlines()[0] if str(exc) else ""
+        return pd.DataFrame(), (f"{name} cannot handle {ev.path.name}: {type(exc).__name__}"
+                                + (f": {detail}" if detail else "")
+                                + (f" (the trace has no device events)" if ev.kernels.empty else ""))
+
+
 def trace_findings(ev: TraceEvents, tables: dict[str, pd.DataFrame],
-                   summary: TraceSummary | None = None) -> list[Finding]:
+                   summary: TraceSummary | None = None, missing: dict[str, str] | None = None) -> list[Finding]:
     """The graded findings of every analysis that grades (launch, idle, recompute, critical path, health,
-    exposed communication), high first.  ``summary`` is :func:`trace_summary` of ``ev`` (read when not given)."""
+    exposed communication), high first.  ``summary`` is :func:`trace_summary` of ``ev`` (read when not given).
+
+    A grader that cannot handle the trace (or whose table is ``not_observable``)
+    adds its reason to ``missing`` (``findings_<analysis>``) instead of raising.
+    """
+    missing = {} if missing is None else missing
     tb = tables["temporal"]
     recorded = {**tables, "temporal": tb[tb["timing"] == "recorded"].drop(columns="timing") if len(tb) else tb}
-    found = [*launch.launch_findings(ev, recorded), *recompute.recompute_findings(ev, tables["recompute"]),
-             *critical_path.critical_path_findings(ev, tables["critical_path"], tables["sync_root_causes"]),
-             *health.health_check(ev), *comm.comm_findings(summary or trace_summary(ev), stepped=ev.source_format == "kineto" and ev.has_steps)]
+    graders = {
+        "launch": (("launch", "short_kernels", "idle", "temporal"), lambda: launch.launch_findings(ev, recorded)),
+        "recompute": (("recompute",), lambda: recompute.recompute_findings(ev, tables["recompute"])),
+        "critical_path": (("critical_path", "sync_root_causes"), lambda: critical_path.critical_path_findings(
+            ev, tables["critical_path"], tables["sync_root_causes"])),
+        "health": ((), lambda: health.health_check(ev)),
+        "comm": ((), lambda: comm.comm_findings(summary or trace_summary(ev),
+                                                stepped=ev.source_format == "kineto" and ev.has_steps)),
+    }
+    found: list[Finding] = []
+    for name, (needs, grade) in graders.items():
+        if any(n in missing for n in needs):
+            continue
+        got, why = run_analysis(f"findings_{name}", lambda _ev: grade(), ev)
+        if why:
+            missing[f"findings_{name}"] = why
+        else:
+            found.extend(got)
     rounded = tb[(tb["timing"] == "hta_rounded") & (tb["non_compute_time_us"] < 0)] if len(tb) else tb
     for row in rounded.itertuples():
         found.append(Finding(
@@ -140,18 +180,15 @@ def analyze_trace(path: str | Path, trace_id: str | None = None,
     tables: dict[str, pd.DataFrame] = {}
     missing: dict[str, str] = {}
     for name, fn in ANALYSES.items():
-        try:
-            tables[name] = fn(ev)
-        except TraceReadError as exc:  # an analysis that needs the host side, on rocprofv3 output
-            if ev.source_format == "kineto":
-                raise
-            tables[name], missing[name] = pd.DataFrame(), str(exc)
+        tables[name], why = run_analysis(name, fn, ev)
+        if why:
+            missing[name] = why
         say(f"{name}: {len(tables[name])} rows" + (" (not observable)" if name in missing else ""))
     stem = trace_stem(ev.path)
     summary = trace_summary(ev)
     rep = TraceReport(trace_id=trace_id or make_audit_id(f"trace-{stem}"), events=ev,
                       metrics=trace_run_metrics(ev, summary=summary), tables=tables,
-                      findings=trace_findings(ev, tables, summary), not_observable=missing)
+                      findings=trace_findings(ev, tables, summary, missing), not_observable=missing)
     rep.metrics.signals = trace_signals(rep)
     rep.elapsed_s = time.perf_counter() - t0
     return rep
