@@ -70,7 +70,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     tmp = args.out / f".rank{rank}.json"
     w = torch.randn(512, 512)
-    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=1, active=6),
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=1, active=6), record_shapes=True,
                  on_trace_ready=lambda p: p.export_chrome_trace(str(tmp))) as prof:
         for step, (x, y) in enumerate(loader):
             if not single and rank == args.slow_rank:

@@ -30,3 +30,122 @@ def test_cupti_profiler_trace_ends_critical_path_not_observable_without_a_traceb
     assert "critical_path" in doc["not_observable"]
     assert "device events" in doc["not_observable"]["critical_path"]
     assert "argmax" not in json.dumps(doc["not_observable"])
+
+
+GLOO = DATA / "gloo_2ranks_slow1"
+HTA_RANKS = DATA / "hta_sampled_ranks"
+SLOW_STEPS = DATA / "slow_steps_cpu.json.gz"
+
+
+def _raw(path: Path) -> list[dict]:
+    return json.load(gzip.open(path))["traceEvents"]
+
+
+def _hand_collectives(files: list[Path], pick) -> list[tuple[str, int, float, float]]:
+    """(kind, occurrence, latency = min duration across ranks, skew = max start - min start) counted by hand.
+
+    ``pick(events)`` returns one rank's collectives as ``[(kind, ts, dur)]`` in issue order.
+    """
+    per_rank = [pick(_raw(f)) for f in files]
+    out = []
+    for kind in sorted({k for r in per_rank for k, _, _ in r}):
+        seqs = [[(ts, dur) for k, ts, dur in r if k == kind] for r in per_rank]
+        for i in range(min(map(len, seqs))):
+            starts, durs = [s[i][0] for s in seqs], [s[i][1] for s in seqs]
+            out.append((kind, i, min(durs), max(starts) - min(starts)))
+    return out
+
+
+def _gloo_pick(events):
+    """gloo's own ranges, by name (``gloo:all_reduce`` -> all_reduce), in start order."""
+    ev = sorted((e for e in events if str(e.get("name", "")).startswith("gloo:")), key=lambda e: e["ts"])
+    return [(e["name"].split(":", 1)[1], e["ts"], e["dur"]) for e in ev]
+
+
+def _nccl_pick(events):
+    """The i-th NCCL kernel (by start) is the i-th ``nccl:<op>`` range (by start): the kind from the range."""
+    ranges = sorted((e for e in events if str(e.get("name", "")).startswith("nccl:")), key=lambda e: e["ts"])
+    kernels = sorted((e for e in events if e.get("cat") == "kernel" and "nccl" in e["name"].lower()),
+                     key=lambda e: e["ts"])
+    assert len(ranges) == len(kernels)
+    kind = {"all_reduce": "all_reduce", "all_to_all": "all_to_all", "_all_gather_base": "all_gather"}
+    return [(kind[r["name"].split(":", 1)[1]], k["ts"], k["dur"]) for r, k in zip(ranges, kernels)]
+
+
+@pytest.fixture(scope="module")
+def gloo_job():
+    from goblin_assets.trace.ranks import analyze_ranks
+
+    return analyze_ranks([GLOO])
+
+
+def test_slowed_rank_is_named_the_straggler_with_compute_as_its_cause(gloo_job):
+    t = gloo_job["ranks"]
+    assert list(t["rank"]) == [0, 1]
+    slow = t[t["straggler"]]
+    assert list(slow["rank"]) == [1] and slow["cause"].iloc[0] == "compute"
+    fast = t[t["rank"] == 0].iloc[0]
+    assert fast["collective_wait_us"] > 0.5 * fast["collective_us"]  # the fast rank waits inside its all-reduces
+    f = [f for f in gloo_job["findings"] if f.kind == "straggler"][0]
+    assert f.severity in ("moderate", "high") and "rank 1" in f.message and "compute" in f.message
+
+
+@pytest.mark.parametrize("job, pick", [(GLOO, _gloo_pick), (HTA_RANKS, _nccl_pick)], ids=["gloo", "hta_nccl"])
+def test_collective_latency_and_skew_match_a_count_by_hand(job, pick, gloo_job):
+    from goblin_assets.trace.ranks import analyze_ranks
+
+    coll = (gloo_job if job == GLOO else analyze_ranks([job]))["collectives"]
+    files = sorted(job.glob("*.json.gz"))
+    hand = _hand_collectives(files, pick)
+    ours = {(r.collective, r.seq): (r.latency_us, r.skew_us) for r in coll.itertuples()}
+    assert len(hand) == len(ours) >= 6
+    for kind, i, lat, skew in hand:
+        assert ours[(kind, i)] == pytest.approx((lat, skew), abs=1e-3), (kind, i)
+
+
+def test_collective_bandwidth_follows_nccl_tests_formulas(gloo_job):
+    from goblin_assets.trace.ranks import analyze_ranks
+
+    r = gloo_job["collectives"].iloc[0]
+    # gloo:all_reduce Input Dims [[262912]] float: 262912 x 4 bytes; busbw = algbw x 2(n-1)/n, n = 2
+    assert r.size_bytes == 262912 * 4 and r.group_size == 2
+    assert r.algbw_GBps == pytest.approx(r.size_bytes / (r.latency_us * 1e-6) / 1e9)
+    assert r.busbw_GBps == pytest.approx(r.algbw_GBps * 2 * (2 - 1) / 2)
+    assert pd_isna(r.link_peak_GBps) and "undetermined" in r.bandwidth_status  # gloo on a CPU: no link peak stated
+    hta = analyze_ranks([HTA_RANKS])["collectives"]
+    ag = hta[hta["collective"] == "all_gather"].iloc[0]
+    # _all_gather_base of 16777216 int8 per rank in a group of 128: S = 128 x 16 MiB, busbw = algbw x 127/128
+    assert ag.group_size == 128 and ag.size_bytes == 16777216 * 128
+    assert ag.busbw_GBps == pytest.approx(ag.algbw_GBps * 127 / 128)
+
+
+def pd_isna(v) -> bool:
+    import pandas as pd
+
+    return bool(pd.isna(v))
+
+
+def test_goblin_trace_dir_writes_a_warehouse_table_per_analysis(goblin_home, capsys):
+    assert main(["trace", str(GLOO)]) == 0
+    text = capsys.readouterr().out
+    assert "rank 1 is the straggler" in text
+    from goblin_assets.warehouse.db import query as read_sql
+
+    ranks = read_sql("SELECT * FROM trace_ranks")
+    coll = read_sql("SELECT * FROM trace_collectives")
+    assert len(ranks) == 2 and len(coll) == 6 and ranks["trace_id"].nunique() == 1
+    assert read_sql("SELECT count(*) AS n FROM trace_findings WHERE kind = 'straggler'")["n"].iloc[0] == 1
+
+
+def test_injected_slow_steps_are_listed_with_their_cause(goblin_home):
+    from goblin_assets.trace.analysis import analyze_trace
+
+    rep = analyze_trace(SLOW_STEPS)
+    steps = rep.tables["steps"]
+    raw = {int(e["name"].split("#")[1]): e["dur"] for e in _raw(SLOW_STEPS)
+           if str(e.get("name", "")).startswith("ProfilerStep#")}
+    assert dict(zip(steps["step"], steps["step_us"])) == pytest.approx(raw)
+    out = steps[steps["outlier"]]
+    assert dict(zip(out["step"], out["cause"])) == {3: "host", 5: "loader", 7: "host"}
+    f = [f for f in rep.findings if f.kind == "outlier_steps"][0]
+    assert f.severity != "ok" and [d["step"] for d in f.evidence["outliers"]] == [3, 5, 7]

@@ -15,6 +15,7 @@ ops                 :func:`~goblin_assets.trace.ops.op_roofline`
 recompute           :func:`~goblin_assets.trace.recompute.activation_recompute`
 critical_path       :func:`~goblin_assets.trace.critical_path.critical_path`
 sync_root_causes    :func:`~goblin_assets.trace.critical_path.sync_root_causes`
+steps               :func:`~goblin_assets.trace.steps.step_table` (every step, outliers past 1.5x the median)
 ==================  ===========================================================
 
 plus the graded findings (:mod:`~goblin_assets.trace.severity`) of the launch,
@@ -36,7 +37,7 @@ import pandas as pd
 
 from goblin_assets.contracts import RunMetrics
 from goblin_assets.runners.trace import TraceSummary
-from goblin_assets.trace import comm, critical_path, health, idle, kernels, launch, ops, recompute, temporal
+from goblin_assets.trace import comm, critical_path, health, idle, kernels, launch, ops, recompute, steps, temporal
 from goblin_assets.trace.events import TraceEvents, TraceReadError, load_trace, trace_stem
 from goblin_assets.trace.metrics import trace_run_metrics, trace_summary
 from goblin_assets.trace.severity import Finding
@@ -52,6 +53,7 @@ ANALYSES: dict[str, Callable[[TraceEvents], pd.DataFrame]] = {
     "recompute": recompute.activation_recompute,
     "critical_path": critical_path.critical_path,
     "sync_root_causes": critical_path.sync_root_causes,
+    "steps": steps.step_table,
 }
 
 _SEVERITY_ORDER = {"high": 0, "moderate": 1, "ok": 2}
@@ -125,6 +127,7 @@ def trace_findings(ev: TraceEvents, tables: dict[str, pd.DataFrame],
         "critical_path": (("critical_path", "sync_root_causes"), lambda: critical_path.critical_path_findings(
             ev, tables["critical_path"], tables["sync_root_causes"])),
         "health": ((), lambda: health.health_check(ev)),
+        "steps": (("steps",), lambda: steps.step_findings(tables["steps"])),
         "comm": ((), lambda: comm.comm_findings(summary or trace_summary(ev),
                                                 stepped=ev.source_format == "kineto" and ev.has_steps)),
     }

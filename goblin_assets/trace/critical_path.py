@@ -138,7 +138,7 @@ def critical_path(ev: TraceEvents, top: int = 5) -> pd.DataFrame:
     require_kineto(ev, "critical_path")
     if ev.kernels.empty:
         raise TraceReadError(f"{ev.path}: critical_path needs device events (kernel, gpu_memcpy, gpu_memset) and "
-                             "the trace records none (a CUPTI-profiler trace keeps only cuda_profiler_range events)")
+                             "the trace records none (a CPU-only trace, or a CUPTI-profiler trace of cuda_profiler_range events)")
     syncs = blocking_syncs(ev)
     dev_sync = ev.syncs[ev.syncs["name"].isin(_SYNC_EVENTS)]
     host = pd.concat([ev.cpu_ops[["ts_us", "end_us"]], ev.runtime[["ts_us", "end_us"]]])

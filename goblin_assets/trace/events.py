@@ -102,7 +102,12 @@ class TraceEvents:
     device-side copies of those windows (``gpu_user_annotation``
     ``ProfilerStep#N``; same columns), which HTA's step filter also reads.  ``loader``: DataLoader
     ``__next__`` ranges (``ts_us``, ``end_us``).  ``syncs``: ``cuda_sync``
-    events (``name``, ``ts_us``, ``end_us``, ``stream``).
+    events (``name``, ``ts_us``, ``end_us``, ``stream``).  ``annotations``:
+    the other ``user_annotation`` ranges (``record_function``, and the
+    process group's ``nccl:<op>`` / ``gloo:<op>`` ranges with their
+    ``input_dims`` / ``input_types``).  Collective kernels also carry the
+    process group's ``collective_name``, ``in_msg_nelems``, ``dtype`` and
+    ``group_size`` where the trace records them (None elsewhere).
 
     ``device_name`` is the first ``deviceProperties`` entry's name (Kineto) or
     the dispatching agent's ``product_name`` (rocprofv3), ``None`` when the
@@ -128,6 +133,7 @@ class TraceEvents:
     distributed: dict = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=dict)
     other_events: int = 0
+    annotations: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=_ANN_COLS))
     summary: TraceSummary | None = None  # the audit's per-step summary of a stepped Kineto trace, same decode
 
     @property
@@ -165,7 +171,9 @@ class TraceEvents:
 
 
 _KERNEL_COLS = ["name", "kind", "ts_us", "dur_us", "end_us", "device", "stream", "correlation", "external_id",
-                "category", "group", "hta_kernel_type", "grid", "block"]
+                "category", "group", "hta_kernel_type", "grid", "block", "collective_name", "in_msg_nelems", "dtype",
+                "group_size"]
+_ANN_COLS = ["name", "ts_us", "dur_us", "end_us", "pid", "tid", "input_dims", "input_types"]
 _RUNTIME_COLS = ["name", "ts_us", "dur_us", "end_us", "pid", "tid", "correlation", "external_id"]
 _OP_COLS = ["name", "ts_us", "dur_us", "end_us", "pid", "tid", "external_id", "sequence_number", "fwd_thread_id",
             "input_dims", "input_types", "concrete_inputs"]
@@ -217,7 +225,7 @@ def _columns(names: list[str]) -> dict[str, list]:
 def _frame_cols(cols: dict[str, list] | pd.DataFrame, ints: tuple[str, ...] = ()) -> pd.DataFrame:
     """A frame from column lists (one list per column, built in one pass over the events), Int64 ``ints``,
     float times, sorted by ``ts_us``."""
-    df = pd.DataFrame(cols)
+    df = pd.DataFrame(cols) if len(cols) and len(next(iter(cols.values()))) else pd.DataFrame(columns=list(cols))
     for c in ints:
         df[c] = pd.to_numeric(df[c], errors="coerce").astype("Int64")
     for c in ("ts_us", "dur_us", "end_us"):
@@ -232,8 +240,8 @@ _NO_ARGS = Args()
 def _kineto(path: Path, doc: KinetoDoc) -> TraceEvents:
     """Frames of a decoded Kineto trace: one pass over the events, each appended to its frame's column lists."""
     events = doc.traceEvents
-    kern, rt, ops, py = (_columns(c) for c in (_KERNEL_COLS[:9] + ["grid", "block"], _RUNTIME_COLS, _OP_COLS,
-                                                _PY_COLS))
+    kern, rt, ops, py, ann = (_columns(c) for c in (_KERNEL_COLS[:9] + _KERNEL_COLS[12:], _RUNTIME_COLS,
+                                                     _OP_COLS, _PY_COLS, _ANN_COLS))
     steps, gpu_steps, loader, syncs = [], [], [], []
     other = 0
     for ev in events:
@@ -252,7 +260,9 @@ def _kineto(path: Path, doc: KinetoDoc) -> TraceEvents:
                            ("stream", _int(ev.tid if args.stream is None else args.stream)),
                            ("correlation", args.correlation), ("external_id", args.external_id),
                            ("grid", "" if args.grid is None else str(args.grid)),
-                           ("block", "" if args.block is None else str(args.block))):
+                           ("block", "" if args.block is None else str(args.block)),
+                           ("collective_name", args.collective_name), ("in_msg_nelems", args.in_msg_nelems),
+                           ("dtype", args.dtype), ("group_size", args.group_size)):
                 kern[col].append(v)
         elif cat in RUNTIME_CATS:
             for col, v in zip(_RUNTIME_COLS, (name, a, d, a + d, ev.pid, ev.tid, args.correlation,
@@ -274,6 +284,9 @@ def _kineto(path: Path, doc: KinetoDoc) -> TraceEvents:
                 ops[col].append(v)
         elif _DATALOADER.match(name):
             loader.append((a, a + d))
+        elif cat == "user_annotation":
+            for col, v in zip(_ANN_COLS, (name, a, d, a + d, ev.pid, ev.tid, args.input_dims, args.input_types)):
+                ann[col].append(v)
     step_cols = ["step", "start_us", "end_us", "dur_us"]
     step_df = pd.DataFrame(steps, columns=step_cols).drop_duplicates("step").sort_values("step").reset_index(drop=True)
     head = doc.header()
@@ -286,7 +299,7 @@ def _kineto(path: Path, doc: KinetoDoc) -> TraceEvents:
         path=path, source_format="kineto", kernels=kernels,
         runtime=_frame_cols(rt, ("correlation", "external_id")),
         cpu_ops=_frame_cols(ops, ("external_id", "sequence_number", "fwd_thread_id")),
-        python=_frame_cols(py), steps=step_df,
+        python=_frame_cols(py), steps=step_df, annotations=_frame_cols(ann),
         gpu_steps=pd.DataFrame(gpu_steps, columns=step_cols).sort_values("step").reset_index(drop=True),
         loader=pd.DataFrame(loader, columns=["ts_us", "end_us"]),
         syncs=pd.DataFrame(syncs, columns=["name", "ts_us", "end_us", "stream"]),
