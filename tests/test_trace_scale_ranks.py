@@ -149,3 +149,39 @@ def test_injected_slow_steps_are_listed_with_their_cause(goblin_home):
     assert dict(zip(out["step"], out["cause"])) == {3: "host", 5: "loader", 7: "host"}
     f = [f for f in rep.findings if f.kind == "outlier_steps"][0]
     assert f.severity != "ok" and [d["step"] for d in f.evidence["outliers"]] == [3, 5, 7]
+
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces"
+
+
+@pytest.mark.parametrize("path", [DATA / "hta_trace_diff_control_train.json.gz",
+                                  HTA_RANKS / "sampled_rank-0.json.gz",
+                                  SHARED / "mi250_minitoy_train_rocm6.2.json.gz"], ids=lambda p: p.name)
+def test_no_recompute_on_training_traces_without_checkpointing(path):
+    from goblin_assets.trace.events import load_trace
+    from goblin_assets.trace.recompute import activation_recompute, recompute_findings
+
+    if not path.exists():
+        pytest.skip(f"{path} is not here")
+    ev = load_trace(path)
+    raw = _raw(path)
+    assert not any("checkpoint" in str(e.get("name", "")) for e in raw)  # no activation checkpointing recorded
+    table = activation_recompute(ev)
+    assert len(table) and float(table["recompute_us"].sum()) == 0.0
+    assert recompute_findings(ev, table) == []
+
+
+def test_mi300x_checkpointing_trace_keeps_its_recompute_by_both_detectors():
+    from goblin_assets.trace.events import load_trace
+    from goblin_assets.trace.ops import launched_gpu_us, outermost
+    from goblin_assets.trace.recompute import activation_recompute, forward_ops_in_backward
+
+    path = SHARED / "mi300x_resnet_act_checkpoint_train.json.gz"
+    if not path.exists():
+        pytest.skip(f"{path} is not here")
+    ev = load_trace(path)
+    t = activation_recompute(ev)
+    assert t["method"].iloc[0] == "python_stack"
+    assert float(t["recompute_us"].median()) == pytest.approx(1406.7, abs=1.0)  # 1.4 ms per step
+    r = outermost(forward_ops_in_backward(ev.cpu_ops))  # the no-stack detector finds the same time
+    assert launched_gpu_us(ev, r["tid"], r["ts_us"], r["end_us"]).sum() == pytest.approx(t["recompute_us"].sum(), rel=0.01)

@@ -229,7 +229,7 @@ def _cut(items: list[tuple[float, float, str]], holes: list[Interval]) -> list[t
     starts = [a for a, _ in merged]
     out: list[tuple[float, float, str]] = []
     for a, b, label in items:
-        i = max(int(np.searchsorted(starts, a, side="right")) - 1, 0)
+        i = max(bisect.bisect_right(starts, a) - 1, 0)
         cur = a
         while i < len(merged) and merged[i][0] < b:
             ha, hb = merged[i]

@@ -225,7 +225,10 @@ def _columns(names: list[str]) -> dict[str, list]:
 def _frame_cols(cols: dict[str, list] | pd.DataFrame, ints: tuple[str, ...] = ()) -> pd.DataFrame:
     """A frame from column lists (one list per column, built in one pass over the events), Int64 ``ints``,
     float times, sorted by ``ts_us``."""
-    df = pd.DataFrame(cols) if len(cols) and len(next(iter(cols.values()))) else pd.DataFrame(columns=list(cols))
+    if isinstance(cols, pd.DataFrame):
+        df = cols
+    else:  # empty lists would make float columns: keep them object, as a frame of no rows has
+        df = pd.DataFrame(cols) if any(len(v) for v in cols.values()) else pd.DataFrame(columns=list(cols))
     for c in ints:
         df[c] = pd.to_numeric(df[c], errors="coerce").astype("Int64")
     for c in ("ts_us", "dur_us", "end_us"):
