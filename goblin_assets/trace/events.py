@@ -218,10 +218,6 @@ def _int(v) -> int | None:
         return None
 
 
-def _columns(names: list[str]) -> dict[str, list]:
-    return {c: [] for c in names}
-
-
 def _frame_cols(cols: dict[str, list] | pd.DataFrame, ints: tuple[str, ...] = ()) -> pd.DataFrame:
     """A frame from column lists (one list per column, built in one pass over the events), Int64 ``ints``,
     float times, sorted by ``ts_us``."""
@@ -240,69 +236,80 @@ def _frame_cols(cols: dict[str, list] | pd.DataFrame, ints: tuple[str, ...] = ()
 _NO_ARGS = Args()
 
 
+def _times(evs: list) -> dict[str, list]:
+    """``name``, ``ts_us``, ``dur_us``, ``end_us`` columns of decoded events."""
+    ts, dur = [float(e.ts) for e in evs], [float(e.dur) for e in evs]
+    return {"name": [e.name for e in evs], "ts_us": ts, "dur_us": dur, "end_us": [a + d for a, d in zip(ts, dur)]}
+
+
 def _kineto(path: Path, doc: KinetoDoc) -> TraceEvents:
-    """Frames of a decoded Kineto trace: one pass over the events, each appended to its frame's column lists."""
-    events = doc.traceEvents
-    kern, rt, ops, py, ann = (_columns(c) for c in (_KERNEL_COLS[:9] + _KERNEL_COLS[12:], _RUNTIME_COLS,
-                                                     _OP_COLS, _PY_COLS, _ANN_COLS))
-    steps, gpu_steps, loader, syncs = [], [], [], []
+    """Frames of a decoded Kineto trace: one pass sorting the events into kinds, then each column in one sweep."""
+    kern, rt, ops, py, ann, syncs_ev = [], [], [], [], [], []
+    steps, gpu_steps, loader = [], [], []
     other = 0
-    for ev in events:
+    for ev in doc.traceEvents:
         if ev.ph != "X" or ev.dur is None or ev.ts is None:
             continue
-        cat, name = ev.cat or "", ev.name if isinstance(ev.name, str) else str(ev.name)
-        args = ev.args or _NO_ARGS
-        try:
-            a, d = float(ev.ts), float(ev.dur)
-        except (TypeError, ValueError):
-            other += 1
-            continue
+        if type(ev.ts) not in (float, int) or type(ev.dur) not in (float, int):
+            try:
+                ev.ts, ev.dur = float(ev.ts), float(ev.dur)
+            except (TypeError, ValueError):
+                other += 1
+                continue
+        cat = ev.cat or ""
+        if not isinstance(ev.name, str):
+            ev.name = str(ev.name)
         if cat in DEVICE_CATS:
-            for col, v in (("name", name), ("kind", cat), ("ts_us", a), ("dur_us", d), ("end_us", a + d),
-                           ("device", _int(ev.pid if args.device is None else args.device)),
-                           ("stream", _int(ev.tid if args.stream is None else args.stream)),
-                           ("correlation", args.correlation), ("external_id", args.external_id),
-                           ("grid", "" if args.grid is None else str(args.grid)),
-                           ("block", "" if args.block is None else str(args.block)),
-                           ("collective_name", args.collective_name), ("in_msg_nelems", args.in_msg_nelems),
-                           ("dtype", args.dtype), ("group_size", args.group_size)):
-                kern[col].append(v)
+            kern.append(ev)
         elif cat in RUNTIME_CATS:
-            for col, v in zip(_RUNTIME_COLS, (name, a, d, a + d, ev.pid, ev.tid, args.correlation,
-                                              args.external_id)):
-                rt[col].append(v)
-        elif cat == "cuda_sync":
-            syncs.append((name, a, a + d, _int(args.stream)))
+            rt.append(ev)
         elif cat == "python_function":
-            for col, v in zip(_PY_COLS, (name, a, d, a + d, ev.tid)):
-                py[col].append(v)
-        elif (m := _STEP.match(name)) and cat in ("user_annotation", "cpu_op", "gpu_user_annotation", ""):
+            py.append(ev)
+        elif cat == "cuda_sync":
+            syncs_ev.append(ev)
+        elif (m := _STEP.match(ev.name)) and cat in ("user_annotation", "cpu_op", "gpu_user_annotation", ""):
+            a, d = float(ev.ts), float(ev.dur)
             (gpu_steps if cat == "gpu_user_annotation" else steps).append((int(m.group(1)), a, a + d, d))
         elif cat == "cpu_op":
-            if _DATALOADER.match(name):
-                loader.append((a, a + d))
-            for col, v in zip(_OP_COLS, (name, a, d, a + d, ev.pid, ev.tid, args.external_id, args.sequence_number,
-                                         args.fwd_thread_id, args.input_dims, args.input_types,
-                                         args.concrete_inputs)):
-                ops[col].append(v)
-        elif _DATALOADER.match(name):
-            loader.append((a, a + d))
+            if _DATALOADER.match(ev.name):
+                loader.append((float(ev.ts), float(ev.ts) + float(ev.dur)))
+            ops.append(ev)
+        elif _DATALOADER.match(ev.name):
+            loader.append((float(ev.ts), float(ev.ts) + float(ev.dur)))
         elif cat == "user_annotation":
-            for col, v in zip(_ANN_COLS, (name, a, d, a + d, ev.pid, ev.tid, args.input_dims, args.input_types)):
-                ann[col].append(v)
+            ann.append(ev)
+    kern_a, rt_a, ops_a, ann_a = ([e.args or _NO_ARGS for e in g] for g in (kern, rt, ops, ann))
+    kernels = _annotate(_frame_cols({
+        **_times(kern), "kind": [e.cat for e in kern],
+        "device": [_int(e.pid if a.device is None else a.device) for e, a in zip(kern, kern_a)],
+        "stream": [_int(e.tid if a.stream is None else a.stream) for e, a in zip(kern, kern_a)],
+        "correlation": [a.correlation for a in kern_a], "external_id": [a.external_id for a in kern_a],
+        "grid": ["" if a.grid is None else str(a.grid) for a in kern_a],
+        "block": ["" if a.block is None else str(a.block) for a in kern_a],
+        "collective_name": [a.collective_name for a in kern_a], "in_msg_nelems": [a.in_msg_nelems for a in kern_a],
+        "dtype": [a.dtype for a in kern_a], "group_size": [a.group_size for a in kern_a],
+    }, ("correlation", "external_id", "device", "stream")))[_KERNEL_COLS]
+    runtime = _frame_cols({**_times(rt), "pid": [e.pid for e in rt], "tid": [e.tid for e in rt],
+                           "correlation": [a.correlation for a in rt_a], "external_id": [a.external_id for a in rt_a]},
+                          ("correlation", "external_id"))
+    cpu_ops = _frame_cols({**_times(ops), "pid": [e.pid for e in ops], "tid": [e.tid for e in ops],
+                           **{c: [getattr(a, c) for a in ops_a] for c in _OP_COLS[6:]}},
+                          ("external_id", "sequence_number", "fwd_thread_id"))
+    python = _frame_cols({**_times(py), "tid": [e.tid for e in py]})
+    annotations = _frame_cols({**_times(ann), "pid": [e.pid for e in ann], "tid": [e.tid for e in ann],
+                               "input_dims": [a.input_dims for a in ann_a],
+                               "input_types": [a.input_types for a in ann_a]})
+    syncs = [(e.name, float(e.ts), float(e.ts) + float(e.dur), _int((e.args or _NO_ARGS).stream)) for e in syncs_ev]
     step_cols = ["step", "start_us", "end_us", "dur_us"]
     step_df = pd.DataFrame(steps, columns=step_cols).drop_duplicates("step").sort_values("step").reset_index(drop=True)
     head = doc.header()
     props = [p for p in (head.get("deviceProperties") or []) if isinstance(p, dict)]
     flags = {k: bool(head[k]) for k in ("record_shapes", "with_stack", "profile_memory", "with_flops", "with_modules")
              if k in head}
-    kernels = _annotate(_frame_cols(kern, ("correlation", "external_id", "device", "stream")))[_KERNEL_COLS]
     dist = head.get("distributedInfo")
     return TraceEvents(
-        path=path, source_format="kineto", kernels=kernels,
-        runtime=_frame_cols(rt, ("correlation", "external_id")),
-        cpu_ops=_frame_cols(ops, ("external_id", "sequence_number", "fwd_thread_id")),
-        python=_frame_cols(py), steps=step_df, annotations=_frame_cols(ann),
+        path=path, source_format="kineto", kernels=kernels, runtime=runtime, cpu_ops=cpu_ops, python=python,
+        steps=step_df, annotations=annotations,
         gpu_steps=pd.DataFrame(gpu_steps, columns=step_cols).sort_values("step").reset_index(drop=True),
         loader=pd.DataFrame(loader, columns=["ts_us", "end_us"]),
         syncs=pd.DataFrame(syncs, columns=["name", "ts_us", "end_us", "stream"]),
