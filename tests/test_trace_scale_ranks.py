@@ -185,3 +185,27 @@ def test_mi300x_checkpointing_trace_keeps_its_recompute_by_both_detectors():
     assert float(t["recompute_us"].median()) == pytest.approx(1406.7, abs=1.0)  # 1.4 ms per step
     r = outermost(forward_ops_in_backward(ev.cpu_ops))  # the no-stack detector finds the same time
     assert launched_gpu_us(ev, r["tid"], r["ts_us"], r["end_us"]).sum() == pytest.approx(t["recompute_us"].sum(), rel=0.01)
+
+
+GRAPH_DECODE = DATA / "tracelens_sglang_qwen3-8b_decode_mi300x.json.gz"
+
+
+def test_graph_launched_share_is_reported_and_marks_per_op_findings(goblin_home):
+    from goblin_assets.trace.analysis import analyze_trace
+
+    raw = _raw(GRAPH_DECODE)
+    corr = {e["args"]["correlation"] for e in raw if e.get("name") in ("hipGraphLaunch", "cudaGraphLaunch")}
+    dev = [e for e in raw if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    share = 100.0 * sum(e["dur"] for e in dev if e["args"].get("correlation") in corr) / sum(e["dur"] for e in dev)
+    rep = analyze_trace(GRAPH_DECODE)
+    g = [f for f in rep.findings if f.kind == "graph_launched"][0]
+    assert g.value == pytest.approx(share, abs=0.01) and g.severity == "high"
+    per_op = [f for f in rep.findings if f.analysis in ("ops", "launch", "recompute", "critical_path")]
+    assert per_op and all("unreliable" in f.evidence for f in per_op)
+
+
+def test_no_graph_finding_on_a_trace_without_graph_launches():
+    from goblin_assets.trace.analysis import analyze_trace
+
+    rep = analyze_trace(SLOW_STEPS)
+    assert not [f for f in rep.findings if f.kind == "graph_launched" or "unreliable" in f.evidence]

@@ -150,6 +150,7 @@ def trace_findings(ev: TraceEvents, tables: dict[str, pd.DataFrame],
                      f"{row.non_compute_time_us:.1f} µs and HTA's temporal breakdown fails its own assertion "
                      f"(non_compute_time >= 0); the 'recorded' timing row is exact"),
             threshold_source="HTA common/trace_parser.py round_down_time_stamps; breakdown_analysis.py assert"))
+    health.mark_unreliable(found, ev)
     idle = [f for f in found if f.kind == "gpu_idle"]
     busy = idle and all(f.severity == "ok" for f in idle)
     for f in found:
