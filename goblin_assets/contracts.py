@@ -200,6 +200,10 @@ class RunMetrics(BaseModel):
     ``signals``: the run's own signals (warnings, stderr lines, loss and
     gradient records matched to known messages; None: not recorded, e.g. an
     older recording).
+    ``all_step_times_s``: seconds of every optimizer step the harness ran,
+    warm-up included (step 1 first; empty when not recorded);
+    ``step_outliers``: the steps past 1.5x the median step with what they
+    spent their time on (:func:`goblin_assets.measure.step_outliers.outlier_steps`).
     ``nonfinite_step``: the first optimizer step (1-based, warm-up steps
     counted) after which a parameter held NaN or inf, and
     ``nonfinite_params`` those parameters as the harness describes them
@@ -214,6 +218,8 @@ class RunMetrics(BaseModel):
     steps: int = 0
     step_time_s: float | None = None
     step_times_s: list[float] = Field(default_factory=list)
+    all_step_times_s: list[float] = Field(default_factory=list)
+    step_outliers: list[dict] = Field(default_factory=list)
     unit: Literal["samples", "tokens"] = "samples"
     samples_per_sec: float | None = None
     tokens_per_sec: float | None = None

@@ -209,3 +209,19 @@ def test_no_graph_finding_on_a_trace_without_graph_launches():
 
     rep = analyze_trace(SLOW_STEPS)
     assert not [f for f in rep.findings if f.kind == "graph_launched" or "unreliable" in f.evidence]
+
+
+@pytest.mark.slow
+def test_live_audit_names_the_steps_that_sleep(goblin_home):
+    """A real profiled run (harness, torch.profiler): every 4th optimizer step sleeps 400 ms."""
+    from goblin_assets.measure.profile import profile_run
+    from goblin_assets.runners.local import LocalRunner
+    from goblin_assets.runners.workload import load_workload
+
+    m = profile_run(load_workload(Path(__file__).parent / "data" / "sleepy_workload"), LocalRunner(timeout_s=300),
+                    steps=8, warmup=2)
+    assert m.ok, m.failure
+    assert len(m.all_step_times_s) == 10 and len(m.step_times_s) == 8  # every step, warm-up included
+    measured = {o["step"]: o for o in m.step_outliers if o["phase"] == "measured"}
+    assert {4, 8} <= set(measured), (m.all_step_times_s, m.step_outliers)  # a loaded machine may add others
+    assert all(measured[n]["cause"] == "host" for n in (4, 8)), m.step_outliers  # a sleep: no op, loader, sync

@@ -240,6 +240,7 @@ class Harness:
         self.per_step: list[dict] = []
         self.prefetch_depth: int | None = None  # batches a loader's workers queue ahead (workers x prefetch_factor)
         self.prefetch_warmup = 0  # optimizer steps added to the warm-up to drain that queue
+        self.all_step_s: list[float] = []  # seconds of every optimizer step, step 1 first
         self.dataset_samples: int | None = None  # len() of the first loader's dataset (None: unknown)
         self.dataset_class: str | None = None  # the first loader's dataset class, module-qualified
         self.dataset_in_memory: bool | None = None  # its items are slices of tensors already in memory
@@ -338,6 +339,7 @@ class Harness:
     def on_step(self, optimizer, args, kwargs) -> None:
         now = time.perf_counter()
         self.step += 1
+        self.all_step_s.append(now - self.t_last)  # every step, warm-up included (issue 29)
         self.phase = "after the optimizer step"
         self.step_losses.append(self.cur_loss)
         self.cur_loss = None
@@ -511,7 +513,7 @@ class Harness:
             python_warnings=list(self.py_warnings.values())[:50], losses=self._losses(),
             grads_missing=self.grads_missing, params_trainable=self.params_trainable,
             nonfinite_params=self._nonfinite_params(),
-            first_nonfinite_step=self.first_nonfinite,
+            first_nonfinite_step=self.first_nonfinite, all_step_times_s=self.all_step_s,
         )
         if self.device_kind == "cuda":
             result["device_name"] = torch.cuda.get_device_name(0)

@@ -11,11 +11,11 @@ outside the loader and collectives), ``loader_us`` (DataLoader ``__next__``),
 ``cuda_sync`` events), ``collective_us`` and ``host_us`` (the rest of the
 step: Python and host work no op records, e.g. a ``time.sleep``).
 
-A step is an **outlier** when it takes more than :data:`OUTLIER_RATIO` (1.5)
-times the median step, TraceLens's criterion for keeping a trace ("collect a
-trace only when a step exceeds 1.5x the median", TraceLens trace-collection
-recipe).  Its ``cause`` is the bucket whose excess over the median step's
-bucket is largest; ``events`` lists what ran in it that a normal step does
+A step is an **outlier** when it takes more than
+:data:`~goblin_assets.measure.step_outliers.OUTLIER_RATIO` (1.5) times the
+median step, TraceLens's criterion for keeping a trace (the same rule as the
+audit's own runs, :mod:`goblin_assets.measure.step_outliers`).  Its ``cause``
+is the bucket whose excess over the median normal step's bucket is largest; ``events`` lists what ran in it that a normal step does
 not run (a recompile: Dynamo's ``_compile`` / ``compile_inner`` ranges; a
 checkpoint save: ``torch.save`` frames; the ``record_function`` ranges and
 ops longer than a tenth of the step that the median step lacks), and
@@ -32,17 +32,15 @@ import re
 import numpy as np
 import pandas as pd
 
+from goblin_assets.measure.step_outliers import OUTLIER_RATIO, median_buckets, outlier_cause, step_buckets
 from goblin_assets.runners.trace import UnionIndex
 from goblin_assets.trace.critical_path import blocking_syncs
 from goblin_assets.trace.events import TraceEvents
 from goblin_assets.trace.ops import outermost, require_kineto
 from goblin_assets.trace.severity import Finding, graded
 
-#: A step is an outlier past this multiple of the median step (TraceLens's trace-collection criterion).
-OUTLIER_RATIO = 1.5
 STEP_COLS = ["step", "start_us", "step_us", "ratio_to_median", "outlier", "cause", "compute_us", "loader_us", "sync_us",
              "collective_us", "host_us", "top_ops", "events"]
-_BUCKETS = ("compute", "loader", "sync", "collective", "host")
 _RECOMPILE = re.compile(r"(^|[._ ])(_compile|compile_inner|call_user_compiler|compile_fx)|TorchDynamo|Dynamo")
 _SAVE = re.compile(r"torch/serialization\.py\(\d+\): save$|^torch\.save|^aten::_save")
 
@@ -65,23 +63,14 @@ def step_table(ev: TraceEvents) -> pd.DataFrame:
         return pd.DataFrame(columns=STEP_COLS)
     syncs = blocking_syncs(ev)
     u_sync = UnionIndex(list(zip(np.r_[syncs["ts_us"], ev.syncs["ts_us"]], np.r_[syncs["end_us"], ev.syncs["end_us"]])))
-    gpu = summary.has_device
-    rows = []
-    for s in summary.steps:
-        compute = s.device_busy_us - s.comm_exposed_us if gpu else s.op_us
-        sync = u_sync.length(s.start_us, s.end_us)
-        host = max(s.dur_us - compute - s.data_wait_us - s.collective_us - sync, 0.0) if not gpu else max(
-            s.dur_us - s.device_busy_us - s.data_wait_us - sync, 0.0)
-        rows.append({"step": s.index, "start_us": s.start_us, "step_us": s.dur_us, "compute_us": compute,
-                     "loader_us": s.data_wait_us, "sync_us": sync, "collective_us": s.collective_us, "host_us": host})
-    df = pd.DataFrame(rows)
+    buckets = [step_buckets(s, summary.has_device, u_sync.length(s.start_us, s.end_us)) for s in summary.steps]
+    df = pd.DataFrame([{"step": s.index, "start_us": s.start_us, "step_us": s.dur_us,
+                        **{f"{k}_us": v for k, v in b.items()}} for s, b in zip(summary.steps, buckets)])
     med = float(df["step_us"].median())
     df["ratio_to_median"] = df["step_us"] / med if med > 0 else np.nan
     df["outlier"] = df["ratio_to_median"] > OUTLIER_RATIO
-    base = {b: float(df.loc[~df["outlier"], f"{b}_us"].median()) if (~df["outlier"]).any() else 0.0
-            for b in _BUCKETS}
-    df["cause"] = [max(_BUCKETS, key=lambda b: r[f"{b}_us"] - base[b]) if r["outlier"] else None
-                   for _, r in df.iterrows()]
+    normal = median_buckets([b for b, o in zip(buckets, df["outlier"]) if not o])
+    df["cause"] = [outlier_cause(b, normal) if o else None for b, o in zip(buckets, df["outlier"])]
     top, notable = _step_contents(ev, df)
     df["top_ops"] = top
     df["events"] = notable
