@@ -225,3 +225,25 @@ def test_live_audit_names_the_steps_that_sleep(goblin_home):
     measured = {o["step"]: o for o in m.step_outliers if o["phase"] == "measured"}
     assert {4, 8} <= set(measured), (m.all_step_times_s, m.step_outliers)  # a loaded machine may add others
     assert all(measured[n]["cause"] == "host" for n in (4, 8)), m.step_outliers  # a sleep: no op, loader, sync
+
+
+@pytest.mark.slow
+def test_recorded_job_asset_materializes_a_folder_of_ranks(goblin_home, tmp_path, monkeypatch):
+    import shutil
+
+    import dagster as dg
+
+    from goblin_assets.defs.resources import warehouse_resource
+    from goblin_assets.defs.trace import job_names, jobs_partitions, recorded_job
+
+    monkeypatch.setenv("GOBLIN_TRACES", str(tmp_path))
+    shutil.copytree(GLOO, tmp_path / "job1")
+    assert job_names() == ["job1"]
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions(jobs_partitions.name, ["job1"])
+    res = dg.materialize([recorded_job], partition_key="job1", instance=instance,
+                         resources={"warehouse": warehouse_resource()})
+    assert res.success
+    from goblin_assets.warehouse.db import query
+
+    assert list(query("SELECT rank FROM trace_ranks WHERE straggler")["rank"]) == [1]
