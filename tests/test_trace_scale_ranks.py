@@ -247,3 +247,26 @@ def test_recorded_job_asset_materializes_a_folder_of_ranks(goblin_home, tmp_path
     from goblin_assets.warehouse.db import query
 
     assert list(query("SELECT rank FROM trace_ranks WHERE straggler")["rank"]) == [1]
+
+
+def test_scale_benchmark_trace_repeats_the_steps_and_the_reader_reads_each_copy_alike(tmp_path):
+    """benchmarks/trace_scale.py's builder on a small shared trace: N copies read as N times the events and
+    steps, each copy's steps with the same durations and buckets (the reader is the same on every copy)."""
+    import importlib.util
+
+    from goblin_assets.trace.events import load_trace
+
+    base = SHARED / "mi250_minitoy_train_rocm6.2.json.gz"
+    if not base.exists():
+        pytest.skip(f"{base} is not here")
+    spec = importlib.util.spec_from_file_location("trace_scale", Path(__file__).parents[1] / "benchmarks" / "trace_scale.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    one, big = load_trace(base), tmp_path / "rank-0.json.gz"
+    n, _ = mod.build(base, 3 * 220, big)
+    ev = load_trace(big)
+    assert n == 3 * 220 and len(ev.kernels) == 3 * len(one.kernels) and len(ev.steps) == 3 * len(one.steps)
+    per = [round(s.dur_us, 3) for s in ev.summary.steps]
+    assert per == [round(s.dur_us, 3) for s in one.summary.steps] * 3
+    assert [round(s.device_busy_us, 3) for s in ev.summary.steps] == \
+        [round(s.device_busy_us, 3) for s in one.summary.steps] * 3
