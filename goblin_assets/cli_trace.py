@@ -63,6 +63,10 @@ def cmd_trace(args) -> int:
         for name in ("temporal", "kernel_categories", "critical_path", "recompute"):
             if not r.tables[name].empty:
                 out.print(frame_table(r.tables[name], f"{name} ({r.path.name})"))
+        st = r.tables.get("steps")
+        if st is not None and not st.empty and st["outlier"].any():
+            out.print(frame_table(st.loc[st["outlier"], ["step", "step_us", "ratio_to_median", "cause", "events"]],
+                                  f"outlier steps, past 1.5x the median step ({r.path.name})"))
         wb = ", ".join(f"{k} {b.seconds * 1e3:.2f} ms ({b.status})" for k, b in r.metrics.waste_budget.items())
         out.print(f"waste budget per step ({r.metrics.provenance.kind}): {wb}", highlight=False)
         out.print(f"[dim]{r.path.name}: analysed in {r.elapsed_s:.2f} s; nothing was run[/dim]")

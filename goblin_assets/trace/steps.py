@@ -82,21 +82,23 @@ def _step_contents(ev: TraceEvents, df: pd.DataFrame) -> tuple[list, list]:
     ops = outermost(ev.cpu_ops) if not ev.cpu_ops.empty else ev.cpu_ops
     ann = ev.annotations
     py = ev.python
-    names: list[pd.DataFrame] = [f[["name", "ts_us", "dur_us"]] for f in (ops, ann) if not f.empty]
+    names: list[pd.DataFrame] = [f[["name", "ts_us", "dur_us"]].assign(op=is_op) for f, is_op in
+                                 ((ops, True), (ann, False)) if not f.empty]
     if not py.empty:
-        names.append(py.loc[py["name"].str.contains(_SAVE), ["name", "ts_us", "dur_us"]])
-    allev = pd.concat(names, ignore_index=True) if names else pd.DataFrame(columns=["name", "ts_us", "dur_us"])
+        names.append(py.loc[py["name"].str.contains(_SAVE), ["name", "ts_us", "dur_us"]].assign(op=False))
+    allev = pd.concat(names, ignore_index=True) if names else pd.DataFrame(columns=["name", "ts_us", "dur_us", "op"])
     lo, hi = df["start_us"].to_numpy(), (df["start_us"] + df["step_us"]).to_numpy()
     at = np.searchsorted(lo, allev["ts_us"].to_numpy(), "right") - 1 if len(allev) else np.array([], int)
     inside = (at >= 0) & (allev["ts_us"].to_numpy() < hi[np.clip(at, 0, None)]) if len(allev) else at.astype(bool)
     allev = allev[inside].assign(i=at[inside])
     normal = set(allev.loc[allev["i"].isin(np.flatnonzero(~df["outlier"].to_numpy())), "name"])
+    op_us = allev[allev["op"].astype(bool)].groupby(["i", "name"])["dur_us"].sum()
+    by_step = {i: g.droplevel(0).nlargest(3) for i, g in op_us.groupby(level=0)} if len(op_us) else {}
+    groups = dict(tuple(allev.groupby("i"))) if len(allev) else {}
     top, notable = [], []
     for i, r in enumerate(df.itertuples()):
-        mine = allev[allev["i"] == i]
-        o = ops[(ops["ts_us"] >= r.start_us) & (ops["ts_us"] < r.start_us + r.step_us)] if not ops.empty else ops
-        top.append([{"name": n, "us": round(float(u), 1)} for n, u in
-                    o.groupby("name")["dur_us"].sum().nlargest(3).items()] if len(o) else [])
+        mine = groups.get(i, allev.iloc[:0])
+        top.append([{"name": n, "us": round(float(u), 1)} for n, u in by_step.get(i, pd.Series(dtype=float)).items()])
         ev_names = []
         for name, dur in zip(mine["name"], mine["dur_us"]):
             label = ("recompile: " if _RECOMPILE.search(name) else "checkpoint save: " if _SAVE.search(name) else "")
