@@ -93,7 +93,7 @@ demo: install $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/python -m goblin_assets.demo $(DEMO_ARGS)
 
 test: check-lock system-deps
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 # `dagster dev` in a process group of its own, behind a launcher that stops the whole group on one Ctrl-C
 # or SIGTERM (goblin_assets/ui.py); `exec`: the launcher is the process make runs.

@@ -272,6 +272,10 @@ class RunMetrics(BaseModel):
     ``cores_busy``: the run's own process kept at least 90 % of the cores busy
     over the profiled steps (measured CPU seconds over wall seconds x cores),
     so more threads or workers would time-share them (None: not measured).
+    ``all_step_times_s``: seconds of every optimizer step the harness ran,
+    warm-up included (step 1 first; empty when not recorded);
+    ``step_outliers``: the steps past 1.5x the median step with what they
+    spent their time on (:func:`goblin_assets.measure.step_outliers.outlier_steps`).
     ``nonfinite_step``: the first optimizer step (1-based, warm-up steps
     counted) after which a parameter held NaN or inf, and
     ``nonfinite_params`` those parameters as the harness describes them
@@ -289,6 +293,8 @@ class RunMetrics(BaseModel):
     steps: int = 0
     step_time_s: float | None = None
     step_times_s: list[float] = Field(default_factory=list)
+    all_step_times_s: list[float] = Field(default_factory=list)
+    step_outliers: list[dict] = Field(default_factory=list)
     unit: Literal["samples", "tokens"] = "samples"
     samples_per_sec: float | None = None
     tokens_per_sec: float | None = None

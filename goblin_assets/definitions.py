@@ -12,7 +12,7 @@ from goblin_assets.defs.opscope import OPSCOPE_ASSETS
 from goblin_assets.defs.partitions import workload_folders_sensor
 from goblin_assets.defs.sql import SQL_ASSETS
 from goblin_assets.defs.memory import MEMORY_ASSETS, snapshot_files_sensor
-from goblin_assets.defs.trace import TRACE_ASSETS, trace_files_sensor
+from goblin_assets.defs.trace import TRACE_ASSETS, trace_files_sensor, trace_jobs_sensor
 from goblin_assets.defs.resources import runner_from_env, warehouse_resource
 
 #: Modules the forkserver imports once per run, so that each forked step process starts with them.
@@ -88,7 +88,8 @@ def executor_from_env() -> dg.ExecutorDefinition:
 defs = dg.Definitions(
     assets=[*AUDIT_ASSETS, *AGENT_ASSETS, *OPSCOPE_ASSETS, *MINING_ASSETS, *SQL_ASSETS, *TRACE_ASSETS,
             *MEMORY_ASSETS, *FIT_ASSETS],
-    sensors=[workload_folders_sensor, automation_sensor, trace_files_sensor, snapshot_files_sensor],
+    sensors=[workload_folders_sensor, automation_sensor, trace_files_sensor, trace_jobs_sensor,
+             snapshot_files_sensor],
     schedules=[observe_rocm_image_daily],
     jobs=[audit_workload_job, observe_rocm_image_job],
     resources={"runner": runner_from_env(), "warehouse": warehouse_resource()},

@@ -36,7 +36,11 @@ TABLE_PRODUCERS: dict[str, list[str]] = {
     **{t: ["recorded_trace", "profile_run", "benchmark_patched"] for t in (
         "trace_runs", "trace_temporal", "trace_idle", "trace_kernel_categories", "trace_launch",
         "trace_short_kernels", "trace_ops", "trace_recompute", "trace_critical_path", "trace_sync_root_causes",
-        "trace_findings")},
+        "trace_findings", "trace_steps")},
+    **{t: ["recorded_trace", "profile_run", "benchmark_patched", "recorded_job"] for t in ("trace_runs",
+                                                                                          "trace_findings")},
+    "trace_ranks": ["recorded_job"],
+    "trace_collectives": ["recorded_job"],
 }
 
 

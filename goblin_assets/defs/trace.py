@@ -64,4 +64,37 @@ def recorded_trace(context: dg.AssetExecutionContext, warehouse: WarehouseResour
     })
 
 
-TRACE_ASSETS = [recorded_trace]
+jobs_partitions = dg.DynamicPartitionsDefinition(name="trace_jobs")
+
+
+def job_names(root: Path | None = None) -> list[str]:
+    """Partition keys of ``recorded_job``: each folder under the traces root holding two Kineto traces or more
+    (one per rank of a job), as its path under the root (``.`` for the root itself)."""
+    root = root or traces_root()
+    if not root.is_dir():
+        return []
+    folders = [root, *(p for p in root.rglob("*") if p.is_dir())]
+    return sorted(d.relative_to(root).as_posix() for d in folders
+                  if sum(1 for q in d.iterdir() if q.is_file() and q.name.endswith((".json", ".json.gz"))) >= 2)
+
+
+@dg.sensor(minimum_interval_seconds=30, default_status=dg.DefaultSensorStatus.RUNNING)
+def trace_jobs_sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult:
+    """Add a partition for each folder of rank traces, delete those that are gone."""
+    return sync_partitions(context, jobs_partitions, job_names())
+
+
+@dg.asset(group_name="traces", partitions_def=jobs_partitions, pool=POOL, kinds={"duckdb"})
+def recorded_job(context: dg.AssetExecutionContext, warehouse: WarehouseResource) -> dg.MaterializeResult:
+    """The ranks of one job (``goblin trace DIR``): ``trace_ranks``, ``trace_collectives`` and the straggler
+    finding in ``trace_findings``."""
+    from goblin_assets.trace.ranks import analyze_ranks, ranks_frames
+
+    folder = traces_root() / context.partition_key
+    res = analyze_ranks([folder])
+    meta = warehouse.write(ranks_frames(res, [folder]))
+    return dg.MaterializeResult(metadata={**meta, "findings": dg.MetadataValue.md(
+        "\n".join(f"- {f.severity}: {f.message}" for f in res["findings"]))})
+
+
+TRACE_ASSETS = [recorded_trace, recorded_job]

@@ -267,6 +267,7 @@ class Harness:
         self.per_step: list[dict] = []
         self.prefetch_depth: int | None = None  # batches a loader's workers queue ahead (workers x prefetch_factor)
         self.prefetch_warmup = 0  # optimizer steps added to the warm-up to drain that queue
+        self.all_step_s: list[float] = []  # seconds of every optimizer step, step 1 first
         self.dataset_samples: int | None = None  # len() of the first loader's dataset (None: unknown)
         self.dataset_class: str | None = None  # the first loader's dataset class, module-qualified
         self.dataset_in_memory: bool | None = None  # its items are slices of tensors already in memory
@@ -384,6 +385,7 @@ class Harness:
         self.step += 1
         if self.heartbeat is not None:
             self.heartbeat.beat(self.step)
+        self.all_step_s.append(now - self.t_last)  # every step, warm-up included (issue 29)
         self.phase = "after the optimizer step"
         self.step_losses.append(self.cur_loss)
         if self.inv is not None:
@@ -571,6 +573,7 @@ class Harness:
             first_nonfinite_step=self.first_nonfinite, memory=self.memory.result(),
             observed=self.observer.record() if getattr(self, "observer", None) is not None else None,
             dynamo=self.compile_probe.summary() if self.compile_probe is not None else None,
+            all_step_times_s=self.all_step_s,
         )
         if self.device_kind == "cuda":
             result["device_name"] = torch.cuda.get_device_name(0)

@@ -309,6 +309,8 @@ class HarnessResult(BaseModel):
     (live tensor bytes by role when the warm-up ended; None in ``benchmark``
     mode), ``rss_bytes_by_step`` and, in a memory probe,
     ``saved_activation_bytes_by_step``.
+    ``all_step_times_s``: the seconds of every optimizer step the harness
+    ran, warm-up included (step 1 first; step 1 counts from the script's start).
     Host facts (cores, CPU instruction sets) are not the harness's to report:
     they come from :mod:`goblin_assets.host`.
     """
@@ -342,6 +344,7 @@ class HarnessResult(BaseModel):
     dataset_in_memory: bool | None = None
     nonfinite_params: list[str] = Field(default_factory=list)
     first_nonfinite_step: int | None = None
+    all_step_times_s: list[float] = Field(default_factory=list)
     python_warnings: list[PyWarning] = Field(default_factory=list)
     losses: list[float | str | None] = Field(default_factory=list)
     grads_missing: list[int] = Field(default_factory=list)

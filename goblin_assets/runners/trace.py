@@ -18,8 +18,7 @@ same overlap HTA's ``get_comm_comp_overlap`` measures.
 """
 from __future__ import annotations
 
-import gzip
-import json
+import bisect
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from goblin_assets.runners.categories import classify, gemm_operands
+from goblin_assets.runners.kineto_json import Args, Event, KinetoDecodeError, KinetoDoc, decode, read_bytes
 
 #: Event categories that are device work on GPU traces (HTA's kernel kinds).
 _DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
@@ -151,6 +151,65 @@ def union_length(intervals, lo: float = float("-inf"), hi: float = float("inf"))
     return total
 
 
+class UnionIndex:
+    """The union of ``(start, end)`` intervals, merged once, answering clipped-length queries in O(log n).
+
+    ``length(lo, hi)`` equals ``union_length(intervals, lo, hi)``; building it
+    sorts once, so per-step queries over a long trace stay linear overall
+    (``union_length`` per step would re-sort every interval for every step).
+    """
+
+    def __init__(self, intervals):
+        merged = _merged([(float(a), float(b)) for a, b in intervals if b > a])
+        self.starts = np.array([a for a, _ in merged], dtype=float)
+        self.ends = np.array([b for _, b in merged], dtype=float)
+        self.cum = np.concatenate([[0.0], np.cumsum(self.ends - self.starts)])
+
+    def _covered_before(self, t: float) -> float:
+        """Union length inside ``(-inf, t]``."""
+        i = int(np.searchsorted(self.starts, t, side="right"))  # intervals starting at or before t
+        if i == 0:
+            return 0.0
+        return float(self.cum[i - 1] + min(self.ends[i - 1], t) - self.starts[i - 1])
+
+    def length(self, lo: float, hi: float) -> float:
+        """Length (input unit) of the union clipped to ``[lo, hi]``."""
+        return max(self._covered_before(hi) - self._covered_before(lo), 0.0) if hi > lo else 0.0
+
+
+def _step_finder(steps: list[StepIntervals]):
+    """A function ``t -> index of the step whose window holds t`` (None outside every step), O(log steps)."""
+    order = sorted(steps, key=lambda s: s.start_us)
+    starts = [s.start_us for s in order]
+
+    def find(t: float) -> int | None:
+        i = bisect.bisect_right(starts, t) - 1
+        if i >= 0 and order[i].start_us <= t < order[i].end_us:
+            return order[i].index
+        # overlapping windows (rare): fall back to the first step that holds t, as a linear scan would
+        for s in steps:
+            if s.start_us <= t < s.end_us:
+                return s.index
+        return None
+
+    return find
+
+
+def _clipped_sums(items: list[tuple[float, float, str]], steps: list[StepIntervals]) -> list[dict[str, float]]:
+    """Per step (in ``steps`` order): summed length per label of the items clipped to the step's window."""
+    order = sorted(range(len(steps)), key=lambda i: steps[i].start_us)
+    starts = [steps[i].start_us for i in order]
+    sums: list[dict[str, float]] = [defaultdict(float) for _ in steps]
+    for a, b, label in items:
+        j = max(bisect.bisect_right(starts, a) - 1, 0)
+        while j < len(order) and steps[order[j]].start_us < b:
+            s = steps[order[j]]
+            if b > s.start_us and a < s.end_us:
+                sums[order[j]][label] += min(b, s.end_us) - max(a, s.start_us)
+            j += 1
+    return [dict(d) for d in sums]
+
+
 def _merged(intervals: list[Interval]) -> list[Interval]:
     """The union of ``intervals`` as sorted, disjoint intervals."""
     out: list[list[float]] = []
@@ -170,7 +229,7 @@ def _cut(items: list[tuple[float, float, str]], holes: list[Interval]) -> list[t
     starts = [a for a, _ in merged]
     out: list[tuple[float, float, str]] = []
     for a, b, label in items:
-        i = max(int(np.searchsorted(starts, a, side="right")) - 1, 0)
+        i = max(bisect.bisect_right(starts, a) - 1, 0)
         cur = a
         while i < len(merged) and merged[i][0] < b:
             ha, hb = merged[i]
@@ -189,16 +248,7 @@ def _subtract(intervals: list[Interval], holes: list[Interval]) -> list[Interval
     return [(a, b) for a, b, _ in _cut([(a, b, "") for a, b in intervals], holes)]
 
 
-def _clipped_sum(intervals: list[tuple[float, float, str]], lo: float, hi: float) -> dict[str, float]:
-    """Summed length per label of ``(start, end, label)`` intervals clipped to ``[lo, hi]``."""
-    out: dict[str, float] = defaultdict(float)
-    for a, b, label in intervals:
-        if b > lo and a < hi:
-            out[label] += min(b, hi) - max(a, lo)
-    return dict(out)
-
-
-def _gemm_shape(name: str, args: dict) -> tuple[str, int, int, int, int] | None:
+def _gemm_shape(name: str, args: Args) -> tuple[str, int, int, int, int] | None:
     """(dtype, M, N, K, batch) of a GEMM op from its ``Input Dims``/``Input type``; None if absent."""
     dims, types = args.get("Input Dims"), args.get("Input type")
     ops = gemm_operands(name)
@@ -214,48 +264,43 @@ def _gemm_shape(name: str, args: dict) -> tuple[str, int, int, int, int] | None:
         return None
 
 
-def _step_of(steps: list[StepIntervals], t: float) -> int | None:
-    for s in steps:
-        if s.start_us <= t < s.end_us:
-            return s.index
-    return None
-
-
-def _collect_gemms(steps: list[StepIntervals], gemm_ops: list[dict], kernel_us: dict[int, float],
+def _collect_gemms(steps: list[StepIntervals], gemm_ops: list[Event], kernel_us: dict[int, float],
                    has_device: bool) -> list[GemmCall]:
     """GEMM calls inside steps; nested GEMM events (one inside another) count once."""
     out: list[GemmCall] = []
     last_end = float("-inf")
-    for ev in sorted(gemm_ops, key=lambda e: float(e["ts"])):
-        a, b = float(ev["ts"]), float(ev["ts"]) + float(ev["dur"])
+    step_of = _step_finder(steps)
+    for ev in sorted(gemm_ops, key=lambda e: float(e.ts)):
+        a, b = float(ev.ts), float(ev.ts) + float(ev.dur)
         if a < last_end and not has_device:
             continue  # inside the previous GEMM op (same work)
         last_end = max(last_end, b)
-        step = _step_of(steps, a)
-        shape = _gemm_shape(ev["name"], ev.get("args") or {})
+        step = step_of(a)
+        shape = _gemm_shape(ev.name, ev.args or Args())
         if step is None or shape is None:
             continue
         if has_device:
-            t = kernel_us.get((ev.get("args") or {}).get("External id"), 0.0)
+            t = kernel_us.get((ev.args or Args()).external_id, 0.0)
             if t <= 0:
                 continue
         else:
             t = b - a
-        out.append(GemmCall(ev["name"], shape[0], shape[1], shape[2], shape[3], shape[4], t, step))
+        out.append(GemmCall(ev.name, shape[0], shape[1], shape[2], shape[3], shape[4], t, step))
     return out
 
 
-def _alloc_per_step(steps: list[StepIntervals], mem: list[dict], device_type: int) -> dict[int, tuple[float, float]]:
+def _alloc_per_step(steps: list[StepIntervals], mem: list[Event], device_type: int) -> dict[int, tuple[float, float]]:
     """Per step: (allocated bytes at the step's first allocation event, peak allocated bytes)."""
     out: dict[int, tuple[float, float]] = {}
-    for ev in sorted(mem, key=lambda e: float(e["ts"])):
-        args = ev.get("args") or {}
-        if int(args.get("Device Type", 0)) != device_type or "Total Allocated" not in args:
+    step_of = _step_finder(steps)
+    for ev in sorted(mem, key=lambda e: float(e.ts)):
+        args = ev.args or Args()
+        if int(args.get("Device Type", 0)) != device_type or args.total_allocated is None:
             continue
-        step = _step_of(steps, float(ev["ts"]))
+        step = step_of(float(ev.ts))
         if step is None:
             continue
-        total = float(args["Total Allocated"])
+        total = float(args.total_allocated)
         if step not in out:
             out[step] = (total - float(args.get("Bytes", 0)), total)
         else:
@@ -306,12 +351,6 @@ def _host_time(threads: dict[tuple, list[tuple[float, float, str]]]) -> _HostTim
     return out
 
 
-def _open_trace(path: Path) -> dict:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        return json.load(f)
-
-
 def read_trace(path: str | Path) -> TraceSummary:
     """Split a Chrome trace (``.json`` or ``.json.gz``) into its ``ProfilerStep#N`` windows.
 
@@ -333,11 +372,22 @@ def read_trace(path: str | Path) -> TraceSummary:
     """
     path = Path(path)
     try:
-        doc = _open_trace(path)
-    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        doc = decode(read_bytes(path))
+    except (OSError, EOFError, KinetoDecodeError) as exc:
         raise ValueError(f"{path}: not a readable Chrome trace ({exc})") from None
-    events = doc.get("traceEvents") if isinstance(doc, dict) else None
-    if not isinstance(events, list):
+    return summarize(path, doc)
+
+
+def summarize(path: Path, doc: KinetoDoc) -> TraceSummary:
+    """:func:`read_trace` of an already decoded trace (:func:`goblin_assets.runners.kineto_json.decode`).
+
+    Raises
+    ------
+    ValueError
+        ``doc`` has no ``traceEvents`` list or no ``ProfilerStep#`` events (the message names ``path``).
+    """
+    events = doc.traceEvents
+    if events is None:
         raise ValueError(f"{path}: no traceEvents list")
     steps: list[StepIntervals] = []
     loaders: list[Interval] = []
@@ -345,33 +395,38 @@ def read_trace(path: str | Path) -> TraceSummary:
     device: list[tuple[float, float, str]] = []
     gemm_ops: list[dict] = []
     kernel_us: dict[int, float] = {}
-    mem: list[dict] = []
+    mem: list[Event] = []
     for ev in events:
-        if ev.get("ph") == "i" and ev.get("name") == "[memory]":
+        if ev.ph == "i" and ev.name == "[memory]":
             mem.append(ev)
             continue
-        if ev.get("ph") != "X" or "dur" not in ev:
+        if ev.ph != "X" or ev.dur is None or ev.ts is None:
             continue
-        name, cat = ev.get("name", ""), ev.get("cat", "")
-        a = float(ev["ts"])
-        b = a + float(ev["dur"])
+        name, cat = ev.name or "", ev.cat or ""
+        if not isinstance(name, str):
+            name = str(name)
+        try:
+            a = float(ev.ts)
+            b = a + float(ev.dur)
+        except (TypeError, ValueError):
+            continue
         m = _STEP.match(name)
         if m and cat in ("user_annotation", "cpu_op", ""):
             steps.append(StepIntervals(index=int(m.group(1)), start_us=a, end_us=b))
         elif _DATALOADER.match(name):
             loaders.append((a, b))
         elif cat == "cpu_op":
-            threads[(ev.get("pid"), ev.get("tid"))].append((a, b, classify(name).category))
+            threads[(ev.pid, ev.tid)].append((a, b, classify(name).category))
             if gemm_operands(name) is not None:
                 gemm_ops.append(ev)
         elif cat == "user_annotation" and classify(name).category == "collective":
             # gloo runs each collective in a 'gloo:<op>' range on its worker thread
-            threads[(ev.get("pid"), ev.get("tid"))].append((a, b, "collective"))
+            threads[(ev.pid, ev.tid)].append((a, b, "collective"))
         elif cat in _DEVICE_CATS:
             device.append((a, b, "memory" if cat != "kernel" else classify(name).category))
-            ext = (ev.get("args") or {}).get("External id")
+            ext = ev.args.external_id if ev.args is not None else None
             if cat == "kernel" and ext is not None:
-                kernel_us[ext] = kernel_us.get(ext, 0.0) + float(ev["dur"])
+                kernel_us[ext] = kernel_us.get(ext, 0.0) + float(ev.dur)
     if not steps:
         raise ValueError(f"{path}: no ProfilerStep# events (was the profiler stepped?)")
     steps.sort(key=lambda s: s.index)
@@ -387,21 +442,24 @@ def read_trace(path: str | Path) -> TraceSummary:
     else:
         coll, other = host_coll, own_iv
         coll_starts, other_starts = [a for a, _ in host.collective], host.op_starts
-    for s in steps:
+    u_load, u_own, u_dev = UnionIndex(loaders), UnionIndex(own_iv), UnionIndex([(a, b) for a, b, _ in device])
+    u_coll, u_all, u_other = UnionIndex(coll), UnionIndex(coll + other), UnionIndex(other)
+    cats = _clipped_sums(device if has_device else own + [(a, b, "collective") for a, b in host_coll], steps)
+    for s, cat_us in zip(steps, cats):
         lo, hi = s.start_us, s.end_us
-        s.data_wait_us = union_length(loaders, lo, hi)
-        s.op_us = union_length(own_iv, lo, hi)
-        s.device_busy_us = union_length([(a, b) for a, b, _ in device], lo, hi)
-        s.collective_us = union_length(coll, lo, hi)
-        s.comm_exposed_us = max(union_length(coll + other, lo, hi) - union_length(other, lo, hi), 0.0)
-        s.category_us = _clipped_sum(device if has_device else own + [(a, b, "collective") for a, b in host_coll],
-                                     lo, hi)
+        s.data_wait_us = u_load.length(lo, hi)
+        s.op_us = u_own.length(lo, hi)
+        s.device_busy_us = u_dev.length(lo, hi)
+        s.collective_us = u_coll.length(lo, hi)
+        s.comm_exposed_us = max(u_all.length(lo, hi) - u_other.length(lo, hi), 0.0)
+        s.category_us = cat_us
+    step_of = _step_finder(steps)
 
     def in_steps(starts: list[float]) -> int:
-        return sum(1 for t in starts if _step_of(steps, t) is not None)
+        return sum(1 for t in starts if step_of(t) is not None)
 
-    props = doc.get("deviceProperties") or []
-    dist = doc.get("distributedInfo") if isinstance(doc.get("distributedInfo"), dict) else {}
+    props = doc.deviceProperties if isinstance(doc.deviceProperties, list) else []
+    dist = doc.distributedInfo if isinstance(doc.distributedInfo, dict) else {}
     return TraceSummary(
         steps=steps,
         has_device=has_device,

@@ -15,6 +15,7 @@ ops                 :func:`~goblin_assets.trace.ops.op_roofline`
 recompute           :func:`~goblin_assets.trace.recompute.activation_recompute`
 critical_path       :func:`~goblin_assets.trace.critical_path.critical_path`
 sync_root_causes    :func:`~goblin_assets.trace.critical_path.sync_root_causes`
+steps               :func:`~goblin_assets.trace.steps.step_table` (every step, outliers past 1.5x the median)
 ==================  ===========================================================
 
 plus the graded findings (:mod:`~goblin_assets.trace.severity`) of the launch,
@@ -36,7 +37,7 @@ import pandas as pd
 
 from goblin_assets.contracts import RunMetrics
 from goblin_assets.runners.trace import TraceSummary
-from goblin_assets.trace import comm, critical_path, health, idle, kernels, launch, ops, recompute, temporal
+from goblin_assets.trace import comm, critical_path, health, idle, kernels, launch, ops, recompute, steps, temporal
 from goblin_assets.trace.events import TraceEvents, TraceReadError, load_trace, trace_stem
 from goblin_assets.trace.metrics import trace_run_metrics, trace_summary
 from goblin_assets.trace.severity import Finding
@@ -52,6 +53,7 @@ ANALYSES: dict[str, Callable[[TraceEvents], pd.DataFrame]] = {
     "recompute": recompute.activation_recompute,
     "critical_path": critical_path.critical_path,
     "sync_root_causes": critical_path.sync_root_causes,
+    "steps": steps.step_table,
 }
 
 _SEVERITY_ORDER = {"high": 0, "moderate": 1, "ok": 2}
@@ -88,15 +90,56 @@ class TraceReport:
         }
 
 
+def run_analysis(name: str, fn: Callable[[TraceEvents], object], ev: TraceEvents) -> tuple[object, str | None]:
+    """``(fn(ev), None)``, or ``(empty DataFrame, reason)`` when the analysis cannot handle this trace.
+
+    An analysis that cannot handle a trace ends ``not_observable`` with its
+    reason (one line naming the analysis, the file and the error), never with
+    a traceback: a missing host side (rocprofv3 output) raises
+    :class:`TraceReadError`; any other error (e.g. a CUPTI-profiler trace with
+    ``cuda_profiler_range`` events and no kernels) is reported the same way.
+    """
+    try:
+        return fn(ev), None
+    except TraceReadError as exc:
+        return pd.DataFrame(), str(exc)
+    except Exception as exc:  # noqa: BLE001 - one analysis must not end the others (issue 29)
+        detail = str(exc).splitlines()[0] if str(exc) else ""
+        return pd.DataFrame(), (f"{name} cannot handle {ev.path.name}: {type(exc).__name__}"
+                                + (f": {detail}" if detail else "")
+                                + (f" (the trace has no device events)" if ev.kernels.empty else ""))
+
+
 def trace_findings(ev: TraceEvents, tables: dict[str, pd.DataFrame],
-                   summary: TraceSummary | None = None) -> list[Finding]:
+                   summary: TraceSummary | None = None, missing: dict[str, str] | None = None) -> list[Finding]:
     """The graded findings of every analysis that grades (launch, idle, recompute, critical path, health,
-    exposed communication), high first.  ``summary`` is :func:`trace_summary` of ``ev`` (read when not given)."""
+    exposed communication), high first.  ``summary`` is :func:`trace_summary` of ``ev`` (read when not given).
+
+    A grader that cannot handle the trace (or whose table is ``not_observable``)
+    adds its reason to ``missing`` (``findings_<analysis>``) instead of raising.
+    """
+    missing = {} if missing is None else missing
     tb = tables["temporal"]
     recorded = {**tables, "temporal": tb[tb["timing"] == "recorded"].drop(columns="timing") if len(tb) else tb}
-    found = [*launch.launch_findings(ev, recorded), *recompute.recompute_findings(ev, tables["recompute"]),
-             *critical_path.critical_path_findings(ev, tables["critical_path"], tables["sync_root_causes"]),
-             *health.health_check(ev), *comm.comm_findings(summary or trace_summary(ev), stepped=ev.source_format == "kineto" and ev.has_steps)]
+    graders = {
+        "launch": (("launch", "short_kernels", "idle", "temporal"), lambda: launch.launch_findings(ev, recorded)),
+        "recompute": (("recompute",), lambda: recompute.recompute_findings(ev, tables["recompute"])),
+        "critical_path": (("critical_path", "sync_root_causes"), lambda: critical_path.critical_path_findings(
+            ev, tables["critical_path"], tables["sync_root_causes"])),
+        "health": ((), lambda: health.health_check(ev)),
+        "steps": (("steps",), lambda: steps.step_findings(tables["steps"])),
+        "comm": ((), lambda: comm.comm_findings(summary or trace_summary(ev),
+                                                stepped=ev.source_format == "kineto" and ev.has_steps)),
+    }
+    found: list[Finding] = []
+    for name, (needs, grade) in graders.items():
+        if any(n in missing for n in needs):
+            continue
+        got, why = run_analysis(f"findings_{name}", lambda _ev: grade(), ev)
+        if why:
+            missing[f"findings_{name}"] = why
+        else:
+            found.extend(got)
     rounded = tb[(tb["timing"] == "hta_rounded") & (tb["non_compute_time_us"] < 0)] if len(tb) else tb
     for row in rounded.itertuples():
         found.append(Finding(
@@ -107,6 +150,7 @@ def trace_findings(ev: TraceEvents, tables: dict[str, pd.DataFrame],
                      f"{row.non_compute_time_us:.1f} µs and HTA's temporal breakdown fails its own assertion "
                      f"(non_compute_time >= 0); the 'recorded' timing row is exact"),
             threshold_source="HTA common/trace_parser.py round_down_time_stamps; breakdown_analysis.py assert"))
+    health.mark_unreliable(found, ev)
     idle = [f for f in found if f.kind == "gpu_idle"]
     busy = idle and all(f.severity == "ok" for f in idle)
     for f in found:
@@ -140,18 +184,15 @@ def analyze_trace(path: str | Path, trace_id: str | None = None,
     tables: dict[str, pd.DataFrame] = {}
     missing: dict[str, str] = {}
     for name, fn in ANALYSES.items():
-        try:
-            tables[name] = fn(ev)
-        except TraceReadError as exc:  # an analysis that needs the host side, on rocprofv3 output
-            if ev.source_format == "kineto":
-                raise
-            tables[name], missing[name] = pd.DataFrame(), str(exc)
+        tables[name], why = run_analysis(name, fn, ev)
+        if why:
+            missing[name] = why
         say(f"{name}: {len(tables[name])} rows" + (" (not observable)" if name in missing else ""))
     stem = trace_stem(ev.path)
     summary = trace_summary(ev)
     rep = TraceReport(trace_id=trace_id or make_audit_id(f"trace-{stem}"), events=ev,
                       metrics=trace_run_metrics(ev, summary=summary), tables=tables,
-                      findings=trace_findings(ev, tables, summary), not_observable=missing)
+                      findings=trace_findings(ev, tables, summary, missing), not_observable=missing)
     rep.metrics.signals = trace_signals(rep)
     rep.elapsed_s = time.perf_counter() - t0
     return rep

@@ -34,7 +34,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from goblin_assets.trace.events import TraceEvents
+from goblin_assets.trace.events import TraceEvents, TraceReadError
 from goblin_assets.trace.intervals import merge
 from goblin_assets.trace.ops import require_kineto
 from goblin_assets.trace.severity import THRESHOLDS, Finding, graded
@@ -133,9 +133,12 @@ def critical_path(ev: TraceEvents, top: int = 5) -> pd.DataFrame:
     Raises
     ------
     TraceReadError
-        ``ev`` is not a Kineto :class:`TraceEvents` (no host side).
+        ``ev`` is not a Kineto :class:`TraceEvents` (no host side), or records no device events.
     """
     require_kineto(ev, "critical_path")
+    if ev.kernels.empty:
+        raise TraceReadError(f"{ev.path}: critical_path needs device events (kernel, gpu_memcpy, gpu_memset) and "
+                             "the trace records none (a CPU-only trace, or a CUPTI-profiler trace of cuda_profiler_range events)")
     syncs = blocking_syncs(ev)
     dev_sync = ev.syncs[ev.syncs["name"].isin(_SYNC_EVENTS)]
     host = pd.concat([ev.cpu_ops[["ts_us", "end_us"]], ev.runtime[["ts_us", "end_us"]]])

@@ -28,16 +28,17 @@ definitions exactly.
 """
 from __future__ import annotations
 
-import gzip
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+import msgspec
 import pandas as pd
 
 from goblin_assets.errors import GoblinError
+from goblin_assets.runners.trace import TraceSummary, summarize
+from goblin_assets.runners.kineto_json import Args, KinetoDecodeError, KinetoDoc, decode, read_bytes
 from goblin_assets.runners.categories import classify
 
 SourceFormat = Literal["kineto", "rocprofv3_json", "rocprofv3_csv"]
@@ -101,7 +102,12 @@ class TraceEvents:
     device-side copies of those windows (``gpu_user_annotation``
     ``ProfilerStep#N``; same columns), which HTA's step filter also reads.  ``loader``: DataLoader
     ``__next__`` ranges (``ts_us``, ``end_us``).  ``syncs``: ``cuda_sync``
-    events (``name``, ``ts_us``, ``end_us``, ``stream``).
+    events (``name``, ``ts_us``, ``end_us``, ``stream``).  ``annotations``:
+    the other ``user_annotation`` ranges (``record_function``, and the
+    process group's ``nccl:<op>`` / ``gloo:<op>`` ranges with their
+    ``input_dims`` / ``input_types``).  Collective kernels also carry the
+    process group's ``collective_name``, ``in_msg_nelems``, ``dtype`` and
+    ``group_size`` where the trace records them (None elsewhere).
 
     ``device_name`` is the first ``deviceProperties`` entry's name (Kineto) or
     the dispatching agent's ``product_name`` (rocprofv3), ``None`` when the
@@ -127,6 +133,8 @@ class TraceEvents:
     distributed: dict = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=dict)
     other_events: int = 0
+    annotations: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=_ANN_COLS))
+    summary: TraceSummary | None = None  # the audit's per-step summary of a stepped Kineto trace, same decode
 
     @property
     def platform(self) -> str:
@@ -163,7 +171,9 @@ class TraceEvents:
 
 
 _KERNEL_COLS = ["name", "kind", "ts_us", "dur_us", "end_us", "device", "stream", "correlation", "external_id",
-                "category", "group", "hta_kernel_type", "grid", "block"]
+                "category", "group", "hta_kernel_type", "grid", "block", "collective_name", "in_msg_nelems", "dtype",
+                "group_size"]
+_ANN_COLS = ["name", "ts_us", "dur_us", "end_us", "pid", "tid", "input_dims", "input_types"]
 _RUNTIME_COLS = ["name", "ts_us", "dur_us", "end_us", "pid", "tid", "correlation", "external_id"]
 _OP_COLS = ["name", "ts_us", "dur_us", "end_us", "pid", "tid", "external_id", "sequence_number", "fwd_thread_id",
             "input_dims", "input_types", "concrete_inputs"]
@@ -171,13 +181,7 @@ _PY_COLS = ["name", "ts_us", "dur_us", "end_us", "tid"]
 
 
 def _frame(rows: list[dict], cols: list[str], ints: tuple[str, ...] = ()) -> pd.DataFrame:
-    df = pd.DataFrame(rows, columns=cols)
-    for c in ints:
-        df[c] = pd.to_numeric(df[c], errors="coerce").astype("Int64")
-    for c in ("ts_us", "dur_us", "end_us"):
-        if c in df.columns:
-            df[c] = df[c].astype(float)
-    return df.sort_values("ts_us", kind="stable").reset_index(drop=True) if "ts_us" in df.columns else df
+    return _frame_cols(pd.DataFrame(rows, columns=cols), ints)
 
 
 def _annotate(kernels: pd.DataFrame) -> pd.DataFrame:
@@ -190,14 +194,20 @@ def _annotate(kernels: pd.DataFrame) -> pd.DataFrame:
     return kernels
 
 
-def _open_json(path: Path) -> object:
-    opener = gzip.open if path.suffix == ".gz" else open
+def _read(path: Path) -> bytes:
     try:
-        with opener(path, "rt", encoding="utf-8") as f:
-            return json.load(f)
+        return read_bytes(path)
     except FileNotFoundError:
         raise TraceReadError(f"{path}: no such file") from None
-    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, EOFError) as exc:
+        raise TraceReadError(f"{path}: not readable ({exc})") from None
+
+
+def _loads(path: Path, raw: bytes) -> object:
+    """Generic JSON decode (msgspec) of a file that is not of the Kineto shape."""
+    try:
+        return msgspec.json.decode(raw)
+    except msgspec.DecodeError as exc:
         raise TraceReadError(f"{path}: not readable JSON ({exc})") from None
 
 
@@ -208,66 +218,104 @@ def _int(v) -> int | None:
         return None
 
 
-def _kineto(path: Path, doc: dict) -> TraceEvents:
-    events = doc.get("traceEvents")
-    if not isinstance(events, list):
-        raise TraceReadError(f"{path}: a JSON object without a traceEvents list: not a Kineto trace")
-    kernels, runtime, ops, py, steps, gpu_steps, loader, syncs = [], [], [], [], [], [], [], []
+def _frame_cols(cols: dict[str, list] | pd.DataFrame, ints: tuple[str, ...] = ()) -> pd.DataFrame:
+    """A frame from column lists (one list per column, built in one pass over the events), Int64 ``ints``,
+    float times, sorted by ``ts_us``."""
+    if isinstance(cols, pd.DataFrame):
+        df = cols
+    else:  # empty lists would make float columns: keep them object, as a frame of no rows has
+        df = pd.DataFrame(cols) if any(len(v) for v in cols.values()) else pd.DataFrame(columns=list(cols))
+    for c in ints:
+        df[c] = pd.to_numeric(df[c], errors="coerce").astype("Int64")
+    for c in ("ts_us", "dur_us", "end_us"):
+        if c in df.columns:
+            df[c] = df[c].astype(float)
+    return df.sort_values("ts_us", kind="stable").reset_index(drop=True) if "ts_us" in df.columns else df
+
+
+_NO_ARGS = Args()
+
+
+def _times(evs: list) -> dict[str, list]:
+    """``name``, ``ts_us``, ``dur_us``, ``end_us`` columns of decoded events."""
+    ts, dur = [float(e.ts) for e in evs], [float(e.dur) for e in evs]
+    return {"name": [e.name for e in evs], "ts_us": ts, "dur_us": dur, "end_us": [a + d for a, d in zip(ts, dur)]}
+
+
+def _kineto(path: Path, doc: KinetoDoc) -> TraceEvents:
+    """Frames of a decoded Kineto trace: one pass sorting the events into kinds, then each column in one sweep."""
+    kern, rt, ops, py, ann, syncs_ev = [], [], [], [], [], []
+    steps, gpu_steps, loader = [], [], []
     other = 0
-    for ev in events:
-        if not isinstance(ev, dict) or ev.get("ph") != "X" or "dur" not in ev or "ts" not in ev:
+    for ev in doc.traceEvents:
+        if ev.ph != "X" or ev.dur is None or ev.ts is None:
             continue
-        cat, name = ev.get("cat", ""), str(ev.get("name", ""))
-        args = ev.get("args") or {}
-        try:
-            a, d = float(ev["ts"]), float(ev["dur"])
-        except (TypeError, ValueError):
-            other += 1
-            continue
+        if type(ev.ts) not in (float, int) or type(ev.dur) not in (float, int):
+            try:
+                ev.ts, ev.dur = float(ev.ts), float(ev.dur)
+            except (TypeError, ValueError):
+                other += 1
+                continue
+        cat = ev.cat or ""
+        if not isinstance(ev.name, str):
+            ev.name = str(ev.name)
         if cat in DEVICE_CATS:
-            kernels.append({"name": name, "kind": cat, "ts_us": a, "dur_us": d, "end_us": a + d,
-                            "device": _int(args.get("device", ev.get("pid"))),
-                            "stream": _int(args.get("stream", ev.get("tid"))),
-                            "correlation": args.get("correlation"), "external_id": args.get("External id"),
-                            "grid": str(args.get("grid", "")), "block": str(args.get("block", ""))})
+            kern.append(ev)
         elif cat in RUNTIME_CATS:
-            runtime.append({"name": name, "ts_us": a, "dur_us": d, "end_us": a + d, "pid": ev.get("pid"),
-                            "tid": ev.get("tid"), "correlation": args.get("correlation"),
-                            "external_id": args.get("External id")})
-        elif cat == "cuda_sync":
-            syncs.append({"name": name, "ts_us": a, "end_us": a + d, "stream": _int(args.get("stream"))})
+            rt.append(ev)
         elif cat == "python_function":
-            py.append({"name": name, "ts_us": a, "dur_us": d, "end_us": a + d, "tid": ev.get("tid")})
-        elif (m := _STEP.match(name)) and cat in ("user_annotation", "cpu_op", "gpu_user_annotation", ""):
-            (gpu_steps if cat == "gpu_user_annotation" else steps).append(
-                {"step": int(m.group(1)), "start_us": a, "end_us": a + d, "dur_us": d})
+            py.append(ev)
+        elif cat == "cuda_sync":
+            syncs_ev.append(ev)
+        elif (m := _STEP.match(ev.name)) and cat in ("user_annotation", "cpu_op", "gpu_user_annotation", ""):
+            a, d = float(ev.ts), float(ev.dur)
+            (gpu_steps if cat == "gpu_user_annotation" else steps).append((int(m.group(1)), a, a + d, d))
         elif cat == "cpu_op":
-            if _DATALOADER.match(name):
-                loader.append({"ts_us": a, "end_us": a + d})
-            ops.append({"name": name, "ts_us": a, "dur_us": d, "end_us": a + d, "pid": ev.get("pid"),
-                        "tid": ev.get("tid"), "external_id": args.get("External id"),
-                        "sequence_number": args.get("Sequence number"), "fwd_thread_id": args.get("Fwd thread id"),
-                        "input_dims": args.get("Input Dims"), "input_types": args.get("Input type"),
-                        "concrete_inputs": args.get("Concrete Inputs")})
-        elif _DATALOADER.match(name):
-            loader.append({"ts_us": a, "end_us": a + d})
+            if _DATALOADER.match(ev.name):
+                loader.append((float(ev.ts), float(ev.ts) + float(ev.dur)))
+            ops.append(ev)
+        elif _DATALOADER.match(ev.name):
+            loader.append((float(ev.ts), float(ev.ts) + float(ev.dur)))
+        elif cat == "user_annotation":
+            ann.append(ev)
+    kern_a, rt_a, ops_a, ann_a = ([e.args or _NO_ARGS for e in g] for g in (kern, rt, ops, ann))
+    kernels = _annotate(_frame_cols({
+        **_times(kern), "kind": [e.cat for e in kern],
+        "device": [_int(e.pid if a.device is None else a.device) for e, a in zip(kern, kern_a)],
+        "stream": [_int(e.tid if a.stream is None else a.stream) for e, a in zip(kern, kern_a)],
+        "correlation": [a.correlation for a in kern_a], "external_id": [a.external_id for a in kern_a],
+        "grid": ["" if a.grid is None else str(a.grid) for a in kern_a],
+        "block": ["" if a.block is None else str(a.block) for a in kern_a],
+        "collective_name": [a.collective_name for a in kern_a], "in_msg_nelems": [a.in_msg_nelems for a in kern_a],
+        "dtype": [a.dtype for a in kern_a], "group_size": [a.group_size for a in kern_a],
+    }, ("correlation", "external_id", "device", "stream")))[_KERNEL_COLS]
+    runtime = _frame_cols({**_times(rt), "pid": [e.pid for e in rt], "tid": [e.tid for e in rt],
+                           "correlation": [a.correlation for a in rt_a], "external_id": [a.external_id for a in rt_a]},
+                          ("correlation", "external_id"))
+    cpu_ops = _frame_cols({**_times(ops), "pid": [e.pid for e in ops], "tid": [e.tid for e in ops],
+                           **{c: [getattr(a, c) for a in ops_a] for c in _OP_COLS[6:]}},
+                          ("external_id", "sequence_number", "fwd_thread_id"))
+    python = _frame_cols({**_times(py), "tid": [e.tid for e in py]})
+    annotations = _frame_cols({**_times(ann), "pid": [e.pid for e in ann], "tid": [e.tid for e in ann],
+                               "input_dims": [a.input_dims for a in ann_a],
+                               "input_types": [a.input_types for a in ann_a]})
+    syncs = [(e.name, float(e.ts), float(e.ts) + float(e.dur), _int((e.args or _NO_ARGS).stream)) for e in syncs_ev]
     step_cols = ["step", "start_us", "end_us", "dur_us"]
     step_df = pd.DataFrame(steps, columns=step_cols).drop_duplicates("step").sort_values("step").reset_index(drop=True)
-    props = [p for p in (doc.get("deviceProperties") or []) if isinstance(p, dict)]
-    flags = {k: bool(doc[k]) for k in ("record_shapes", "with_stack", "profile_memory", "with_flops", "with_modules")
-             if k in doc}
+    head = doc.header()
+    props = [p for p in (head.get("deviceProperties") or []) if isinstance(p, dict)]
+    flags = {k: bool(head[k]) for k in ("record_shapes", "with_stack", "profile_memory", "with_flops", "with_modules")
+             if k in head}
+    dist = head.get("distributedInfo")
     return TraceEvents(
-        path=path, source_format="kineto",
-        kernels=_annotate(_frame(kernels, _KERNEL_COLS, ("correlation", "external_id", "device", "stream"))),
-        runtime=_frame(runtime, _RUNTIME_COLS, ("correlation", "external_id")),
-        cpu_ops=_frame(ops, _OP_COLS, ("external_id", "sequence_number", "fwd_thread_id")),
-        python=_frame(py, _PY_COLS), steps=step_df,
+        path=path, source_format="kineto", kernels=kernels, runtime=runtime, cpu_ops=cpu_ops, python=python,
+        steps=step_df, annotations=annotations,
         gpu_steps=pd.DataFrame(gpu_steps, columns=step_cols).sort_values("step").reset_index(drop=True),
         loader=pd.DataFrame(loader, columns=["ts_us", "end_us"]),
         syncs=pd.DataFrame(syncs, columns=["name", "ts_us", "end_us", "stream"]),
         device_name=props[0].get("name") if props else None, device_properties=props, flags=flags,
-        distributed=doc.get("distributedInfo") if isinstance(doc.get("distributedInfo"), dict) else {},
-        versions=_versions(doc), other_events=other)
+        distributed=dist if isinstance(dist, dict) else {},
+        versions=_versions(head), other_events=other)
 
 
 def _versions(doc: dict) -> dict[str, str]:
@@ -366,7 +414,20 @@ def load_trace(path: str | Path) -> TraceEvents:
     if path.suffix.lower() == ".csv":
         ev = _rocprof_csv(path)
     else:
-        doc = _open_json(path)
+        raw = _read(path)
+        try:
+            kdoc = decode(raw)
+        except KinetoDecodeError:
+            kdoc = None  # not of the Kineto shape: decoded generically below, for the error or rocprofv3
+        if kdoc is not None and kdoc.traceEvents is not None:
+            del raw
+            summary = _summary_of(path, kdoc)
+            ev = _kineto(path, kdoc)
+            ev.summary = summary
+            del kdoc
+            return _check(ev)
+        doc = _loads(path, raw)
+        del raw
         if isinstance(doc, dict) and "rocprofiler-sdk-tool" in doc:
             tools = doc["rocprofiler-sdk-tool"]
             if not isinstance(tools, list) or not tools or not isinstance(tools[0], dict):
@@ -377,6 +438,18 @@ def load_trace(path: str | Path) -> TraceEvents:
         else:
             raise TraceReadError(f"{path}: neither a Kineto trace (traceEvents) nor rocprofv3 JSON "
                                  "(rocprofiler-sdk-tool)")
+    return _check(ev)
+
+
+def _check(ev: TraceEvents) -> TraceEvents:
     if ev.kernels.empty and ev.cpu_ops.empty:
-        raise TraceReadError(f"{path}: no device events and no CPU ops: nothing to analyse")
+        raise TraceReadError(f"{ev.path}: no device events and no CPU ops: nothing to analyse")
     return ev
+
+
+def _summary_of(path: Path, doc: KinetoDoc):
+    """The audit's per-step summary (:func:`goblin_assets.runners.trace.summarize`) of a stepped trace, else None."""
+    try:
+        return summarize(path, doc)
+    except ValueError:
+        return None  # no ProfilerStep windows: trace_summary uses the device window instead

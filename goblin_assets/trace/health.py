@@ -25,6 +25,17 @@ checks and what each gap loses:
   when it does not say and its events show it (no ``Input Dims``, no
   ``python_function`` events).
 * ``no_host_side``: rocprofv3 output: kernels only, no ops, launches, steps.
+* ``graph_launched``: device time launched from CUDA/HIP graphs
+  (``cudaGraphLaunch`` / ``hipGraphLaunch``: every kernel of a replayed graph
+  carries the launch call's ``correlation``; :func:`graph_share`).  Those
+  kernels have no op of their own in the trace (the ops ran once, at
+  capture), so op tables, launch statistics and op rooflines see only the
+  rest.  Reported whenever a trace holds graph launches, as TraceLens's
+  inference report warns on any ``hipGraphLaunch`` without a graph capture
+  ("the analysis might be limited",
+  ``TraceLens/Reporting/generate_perf_report_pytorch_inference.py``); graded
+  by ``THRESHOLDS['graph_hidden_pct']``, past whose moderate share per-op
+  findings are marked unreliable (:func:`mark_unreliable`).
 """
 from __future__ import annotations
 
@@ -34,7 +45,7 @@ from goblin_assets.errors import GoblinError
 from goblin_assets.runners.peaks import lookup_gpu_peak
 from goblin_assets.trace.events import TraceEvents
 from goblin_assets.trace.ops import launched_gpu_us
-from goblin_assets.trace.severity import Finding
+from goblin_assets.trace.severity import THRESHOLDS, Finding, graded
 
 _LAUNCH = r"Launch|Memcpy|Memset"
 _FLAG_LOSS = {
@@ -111,6 +122,50 @@ def _link_findings(ev: TraceEvents) -> list[Finding]:
     return out
 
 
+#: Host calls that replay a captured graph (TraceLens Trace2Tree ``graph_launch_names``).
+GRAPH_LAUNCHES = ("cudaGraphLaunch", "hipGraphLaunch")
+#: Analyses whose findings are per op (or per launch) and so miss graph-launched kernels.
+PER_OP_ANALYSES = ("ops", "launch", "recompute", "critical_path")
+
+
+def graph_share(ev: TraceEvents) -> dict:
+    """Device time launched from graphs: ``graph_launches`` (count), ``graph_device_us`` (µs, summed
+    durations of the device events correlated to a graph launch), ``device_us`` (µs, all device events),
+    ``share_pct`` (%, their ratio; 0 without device events)."""
+    rt = ev.runtime
+    g = rt[rt["name"].isin(GRAPH_LAUNCHES)] if not rt.empty else rt
+    k = ev.kernels
+    total = float(k["dur_us"].sum()) if not k.empty else 0.0
+    hidden = float(k.loc[k["correlation"].isin(g["correlation"].dropna()), "dur_us"].sum()) if len(g) else 0.0
+    return {"graph_launches": int(len(g)), "graph_device_us": hidden, "device_us": total,
+            "share_pct": 100.0 * hidden / total if total > 0 else 0.0}
+
+
+def _graph_findings(ev: TraceEvents) -> list[Finding]:
+    gs = graph_share(ev)
+    if not gs["graph_launches"]:
+        return []
+    return [graded("health", "graph_launched", "graph_hidden_pct", round(gs["share_pct"], 2),
+                   f"{gs['share_pct']:.1f}% of device time ({gs['graph_device_us'] / 1e3:.2f} ms) is launched from "
+                   f"{gs['graph_launches']} CUDA/HIP graph launch(es): those kernels have no op in the trace, so "
+                   "per-op tables and findings see only the rest", **gs)]
+
+
+def mark_unreliable(findings: list[Finding], ev: TraceEvents) -> list[Finding]:
+    """Mark the per-op findings (:data:`PER_OP_ANALYSES`) unreliable when the graph share reaches the moderate
+    grade of ``THRESHOLDS['graph_hidden_pct']``: ``evidence['unreliable']`` says why and the message ends so."""
+    gs = graph_share(ev)
+    if gs["share_pct"] < THRESHOLDS["graph_hidden_pct"].moderate:
+        return findings
+    why = (f"unreliable: {gs['share_pct']:.0f}% of device time is launched from CUDA/HIP graphs, which this "
+           "per-op view cannot attribute")
+    for f in findings:
+        if f.analysis in PER_OP_ANALYSES:
+            f.evidence["unreliable"] = why
+            f.message += f" ({why})"
+    return findings
+
+
 def health_check(ev: TraceEvents) -> list[Finding]:
     """Every health finding of ``ev`` (an empty list for a complete trace).
 
@@ -132,4 +187,4 @@ def health_check(ev: TraceEvents) -> list[Finding]:
         out.append(_f("no_host_side", f"{ev.source_format} output has device kernels only: no CPU ops, launches, "
                       "steps or Python frames (no op tables, critical path, recompute)", status="not_observable"))
         return out
-    return out + _flag_findings(ev) + _step_findings(ev) + _link_findings(ev)
+    return out + _flag_findings(ev) + _step_findings(ev) + _link_findings(ev) + _graph_findings(ev)

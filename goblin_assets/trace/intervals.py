@@ -95,8 +95,10 @@ def step_annotations(ev: TraceEvents) -> pd.DataFrame:
 
     The GPU-side copies are the ``gpu_user_annotation`` steps (``ev.gpu_steps``).
     """
-    return pd.concat([ev.steps[["start_us", "end_us"]], ev.gpu_steps[["start_us", "end_us"]]],
-                     ignore_index=True).astype(float)
+    parts = [f[["start_us", "end_us"]].astype(float) for f in (ev.steps, ev.gpu_steps) if not f.empty]
+    if not parts:
+        return pd.DataFrame({"start_us": pd.Series(dtype=float), "end_us": pd.Series(dtype=float)})
+    return pd.concat(parts, ignore_index=True)
 
 
 def select_kernels(ev: TraceEvents, window: Window = None, hta_rounding: bool = False) -> pd.DataFrame:

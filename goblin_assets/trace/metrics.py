@@ -54,7 +54,7 @@ def window_summary(ev: TraceEvents) -> TraceSummary:
 def trace_summary(ev: TraceEvents) -> TraceSummary:
     """The audit's per-step summary of ``ev``: :func:`read_trace` for a stepped Kineto trace, else :func:`window_summary`."""
     if ev.source_format == "kineto" and ev.has_steps:
-        return read_trace(ev.path)
+        return ev.summary if ev.summary is not None else read_trace(ev.path)
     return window_summary(ev)
 
 

@@ -11,13 +11,15 @@ Two detectors, the first that applies wins (``method`` column):
   recompute.  Seen in the MI300X ResNet trace of TraceLens's test suite
   (``tests/traces/mi300/resnet_act_checkpoint.json.gz``): 4 frames per step on
   the autograd thread, under ``autograd::engine::evaluate_function: ReluBackward0``.
-* ``autograd_forward_ops`` (no Python stack): on the autograd threads (the
-  threads running ``autograd::engine::evaluate_function:`` ops), an op that
-  carries a ``Sequence number`` (it was recorded with autograd on, i.e. under
-  ``torch.enable_grad()`` as checkpoint recomputation is) and is not itself a
-  backward node (``autograd::...``, ``*Backward<N>``) is a forward op being
-  re-run; its outermost occurrences and the device events launched inside
-  them are recompute.  On the trace above both detectors select the same ops.
+* ``autograd_forward_ops`` (no Python stack): inside a backward node
+  (nested in an ``autograd::engine::evaluate_function:`` range on the same
+  thread), an op that carries a ``Sequence number`` (it was recorded with
+  autograd on, i.e. under ``torch.enable_grad()`` as checkpoint
+  recomputation is) and is not itself a backward node (``autograd::...``,
+  ``torch::autograd::CppNode<...>`` of custom C++ Functions, ``*Backward<N>``)
+  is a forward op being re-run; its outermost occurrences
+  and the device events launched inside them are recompute
+  (:func:`forward_ops_in_backward`).  On the trace above both detectors select the same ops.
 
 ``recompute_pct`` is recompute GPU time over the step's (CPU-side
 ``ProfilerStep#N``) duration; the grade uses ``THRESHOLDS['recompute_pct']``.
@@ -36,7 +38,7 @@ from goblin_assets.trace.severity import THRESHOLDS, Finding, graded
 
 RECOMPUTE_COLS = ["step", "step_us", "recompute_us", "recompute_pct", "recompute_ops", "method", "severity"]
 _RECOMPUTE_FRAME = re.compile(r"torch/utils/checkpoint\.py\(\d+\): recompute_fn$")
-_BACKWARD_NODE = re.compile(r"^autograd::|Backward\d*$")
+_BACKWARD_NODE = re.compile(r"^autograd::|^torch::autograd::|Backward\d*$")  # CppNode<...>: custom C++ Functions
 
 
 def recompute_regions(ev: TraceEvents) -> tuple[pd.DataFrame, str]:
@@ -45,11 +47,32 @@ def recompute_regions(ev: TraceEvents) -> tuple[pd.DataFrame, str]:
     frames = py[py["name"].str.contains(_RECOMPUTE_FRAME)] if not py.empty else py
     if not frames.empty:
         return outermost(frames)[["tid", "ts_us", "end_us"]], "python_stack"
-    ops = ev.cpu_ops
-    autograd_tids = ops.loc[ops["name"].str.startswith("autograd::engine::evaluate_function"), "tid"].unique()
-    fwd = ops[ops["tid"].isin(autograd_tids) & ops["sequence_number"].notna()
+    return outermost(forward_ops_in_backward(ev.cpu_ops))[["tid", "ts_us", "end_us"]], "autograd_forward_ops"
+
+
+def forward_ops_in_backward(ops: pd.DataFrame) -> pd.DataFrame:
+    """The forward ops (a ``Sequence number``, not a backward node) that run *inside* a backward node.
+
+    Checkpoint recomputation runs inside the backward node that unpacks the
+    saved tensors (``autograd::engine::evaluate_function: <Node>``), so a
+    re-run forward op is nested in such a range on the same thread.  A forward
+    op merely on a thread that also runs a few backward nodes (the main
+    thread, which evaluates CPU-side nodes such as ``AccumulateGrad`` or a
+    loss's backward) is the ordinary forward pass: without this nesting test
+    the whole forward of such a trace counted as recompute (issue 29: HTA's
+    ``trace_diff`` training traces, 40-80 % of the step, no checkpointing).
+    """
+    nodes = ops[ops["name"].str.startswith("autograd::engine::evaluate_function")]
+    fwd = ops[ops["tid"].isin(nodes["tid"].unique()) & ops["sequence_number"].notna()
               & ~ops["name"].str.contains(_BACKWARD_NODE)]
-    return outermost(fwd)[["tid", "ts_us", "end_us"]], "autograd_forward_ops"
+    keep = np.zeros(len(fwd), dtype=bool)
+    for tid, g in outermost(nodes).groupby("tid"):
+        starts, ends = g["ts_us"].to_numpy(), g["end_us"].to_numpy()
+        on = (fwd["tid"] == tid).to_numpy()
+        ts, end = fwd["ts_us"].to_numpy()[on], fwd["end_us"].to_numpy()[on]
+        at = np.searchsorted(starts, ts, "right") - 1
+        keep[on] = (at >= 0) & (end <= ends[np.clip(at, 0, None)])
+    return fwd[keep]
 
 
 def activation_recompute(ev: TraceEvents) -> pd.DataFrame:

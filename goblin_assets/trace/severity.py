@@ -63,6 +63,15 @@ THRESHOLDS: dict[str, Threshold] = {
         "PyTorch Profiler TensorBoard plugin (kineto tb_plugin data.py RunProfileData.analyze): communication "
         "recommendation above 10% of step time (moderate); high at 30%, KB rule collectives.exposed_allreduce's "
         "share (ours)")),
+    "straggler_pct": Threshold(moderate=10, high=20, unit="% of step", source=(
+        "TraceML's step-time share grades (10% warning, 20% critical) applied to a rank's excess own work")),
+    "outlier_step_pct": Threshold(moderate=10, high=20, unit="% of run time", source=(
+        "TraceML's share grades (10% warning, 20% critical) applied to the time lost in outlier steps, a step "
+        "being an outlier past 1.5x the median step (TraceLens's trace-collection recipe)")),
+    "graph_hidden_pct": Threshold(moderate=20, high=50, unit="% of device time", source=(
+        "TraceLens inference report: any hipGraphLaunch without a graph capture limits the per-op analysis "
+        "(generate_perf_report_pytorch_inference.py); the 20%/50% shares at which we mark per-op findings "
+        "unreliable are ours")),
     "roofline_pct": Threshold(moderate=50, high=80, unit="% of peak lost", source=(
         "ours: share of the device's peak a GEMM/attention op leaves unused (TraceLens reports % of roofline)")),
 }

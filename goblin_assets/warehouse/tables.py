@@ -184,6 +184,31 @@ TABLES: dict[str, list[tuple[str, str, bool]]] = {
         ("gap_us", "DOUBLE", False), ("sync_call", "VARCHAR", False), ("sync_ts_us", "DOUBLE", False),
         ("sync_us", "DOUBLE", False), ("python_frame", "VARCHAR", True), ("cpu_op", "VARCHAR", True),
     ],
+    # the ranks of one job (goblin trace DIR; trace_id is the job's): trace/ranks.py
+    "trace_ranks": [
+        ("trace_id", "VARCHAR", False), ("rank", "BIGINT", False), ("file", "VARCHAR", False),
+        ("device", "VARCHAR", True), ("backend", "VARCHAR", True), ("steps", "BIGINT", False),
+        ("step_us", "DOUBLE", False), ("compute_us", "DOUBLE", False), ("collective_us", "DOUBLE", False),
+        ("collective_wait_us", "DOUBLE", False), ("loader_us", "DOUBLE", False), ("host_us", "DOUBLE", False),
+        ("idle_us", "DOUBLE", False), ("straggler", "BOOLEAN", False), ("cause", "VARCHAR", True),
+    ],
+    "trace_collectives": [
+        ("trace_id", "VARCHAR", False), ("seq", "BIGINT", False), ("collective", "VARCHAR", False),
+        ("step", "BIGINT", False), ("ranks", "BIGINT", False), ("size_bytes", "DOUBLE", True),
+        ("dtype", "VARCHAR", True), ("group_size", "BIGINT", False), ("latency_us", "DOUBLE", False),
+        ("max_dur_us", "DOUBLE", False), ("skew_us", "DOUBLE", False), ("first_rank", "BIGINT", False),
+        ("last_rank", "BIGINT", False), ("algbw_GBps", "DOUBLE", True), ("busbw_GBps", "DOUBLE", True),
+        ("link_peak_GBps", "DOUBLE", True), ("busbw_pct_of_link", "DOUBLE", True),
+        ("bandwidth_status", "VARCHAR", False), ("per_rank", "VARCHAR", False),
+    ],
+    # every profiled step of one trace, outliers past 1.5x the median marked: trace/steps.py
+    "trace_steps": [
+        ("trace_id", "VARCHAR", False), ("step", "BIGINT", False), ("start_us", "DOUBLE", False),
+        ("step_us", "DOUBLE", False), ("ratio_to_median", "DOUBLE", False), ("outlier", "BOOLEAN", False),
+        ("cause", "VARCHAR", True), ("compute_us", "DOUBLE", False), ("loader_us", "DOUBLE", False),
+        ("sync_us", "DOUBLE", False), ("collective_us", "DOUBLE", False), ("host_us", "DOUBLE", False),
+        ("top_ops", "VARCHAR", False), ("events", "VARCHAR", False),
+    ],
     "trace_findings": [
         ("trace_id", "VARCHAR", False), ("analysis", "VARCHAR", False), ("kind", "VARCHAR", False),
         ("severity", "VARCHAR", False), ("message", "VARCHAR", False), ("value", "DOUBLE", True),
