@@ -198,3 +198,21 @@ def test_the_memory_tool_reads_a_snapshot_and_refuses_a_malicious_pickle(tmp_pat
     bad.write_bytes(pickle.dumps(Evil()))
     r = call(tool, sessions, {"path": str(bad)}, lambda _: None)
     assert r.is_error and r.content[0].text.startswith("goblin memory: error: ") and not marker.exists()
+
+
+@pytest.mark.slow
+def test_the_fit_tool_is_goblin_fit(goblin_home):
+    """``fit`` answers as ``goblin fit --json`` does (the session's memory_fit: two small probe runs)."""
+    from goblin_assets.audit.fit import fit_text
+    from goblin_assets.mcp_server.server import call
+    from goblin_assets.mcp_server.tools import Sessions, build_tools
+
+    sessions = Sessions()
+    tool = build_tools(sessions)["fit"]
+    r = call(tool, sessions, {"path": str(REPO / "workloads" / "digits_mlp")}, lambda _: None)
+    assert not r.is_error, r.content[0].text
+    ans = r.structured_content
+    assert ans["fits"] in (True, False, None) and ans["peak_bytes"] > 0 and ans["levers"] is not None
+    assert r.content[0].text == fit_text(ans).splitlines()[0]
+    r = call(tool, sessions, {"path": str(REPO / "workloads" / "digits_mlp"), "device": "no-such-gpu"}, lambda _: None)
+    assert r.is_error and r.content[0].text.startswith("goblin fit: error: ")

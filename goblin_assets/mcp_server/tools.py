@@ -18,7 +18,7 @@ content is the JSON the matching command prints: ``goblin audit --json``,
 ``goblin chat --json`` prints (the agent's summary); every string is redacted
 (:func:`goblin_assets.redact.redact_tree`), as for the chat agent.
 
-Stages outside the agent's table register their tools with :func:`register` (one
+Further stages outside the agent's table register their tools with :func:`register` (one
 :class:`McpTool` each) when they land; a tool added to the agent's table
 appears here by itself.
 """
@@ -200,6 +200,15 @@ def _memory(arguments: dict[str, Any], log: Log) -> tuple[dict[str, Any], str]:
                                                                           else ""))
 
 
+def _fit(sessions: Sessions):
+    def run(arguments: dict[str, Any], log: Log) -> tuple[dict[str, Any], str]:
+        from goblin_assets.audit.fit import fit_text
+
+        ans = sessions.session(arguments).memory_fit(arguments.get("device"))
+        return ans, fit_text(ans).splitlines()[0]
+    return run
+
+
 def _schema(props: dict[str, Any], required: tuple[str, ...] = ("path",)) -> dict[str, Any]:
     return {"type": "object", "properties": props, "required": list(required), "additionalProperties": False}
 
@@ -241,6 +250,15 @@ def build_tools(sessions: Sessions) -> dict[str, McpTool]:
         "memory by frame and category, the allocator timeline around the OOM. Returns goblin memory --json.",
         _schema({"path": {"type": "string", "description": "the snapshot .pickle file"}}),
         _memory, "reads the file: seconds; nothing is run"))
+    tools.append(McpTool(
+        "fit", "Will the configured training step fit in memory (goblin fit --json)? Weights, gradients, optimizer "
+        "state, master copies, activations per sample and transients, each with its provenance, against the "
+        "device's memory (device: mi300x, h100, a100, ...; default the runner's device or the CPU cap), the "
+        "margin, and the levers that bring it under (micro-batch with accumulation, checkpointing, optimizer, "
+        "LoRA rank, sequence length, ZeRO by world size). The configured run itself is never started.",
+        _schema({"path": PATH, "device": {"type": "string", "description": "a part of the device table"},
+                 "settings": SETTINGS}),
+        _fit(sessions), "two short probe runs at small micro-batches: seconds to a minute", long=True))
     for t in EXTRA_TOOLS:
         tools.append(t)
     names = [t.name for t in tools]
