@@ -112,6 +112,21 @@ def checkout_home_untouched():
     assert not changed, "tests wrote into the checkout's .goblin: " + ", ".join(changed[:5])
 
 
+@pytest.fixture
+def loader_rule_kb(tmp_path) -> Path:
+    """The shipped rules with ``data.loader_workers_with_threads`` firing on any data wait (share > 0, not 0.30).
+
+    For a test that needs a patch of the digits workload (a benchmark, a patched run) and is not about the
+    rule's threshold: the profiled data-wait share moves with the machine's load, and a loaded CI machine
+    can keep the shipped rule quiet (then no patch is written and nothing is benchmarked).
+    """
+    text = (REPO / "kb" / "rocm_rules.yaml").read_text(encoding="utf-8")
+    assert text.count("waste.data_wait.share > 0.30") == 1, "the loader rule's threshold moved"
+    path = tmp_path / "rules_loader_eager.yaml"
+    path.write_text(text.replace("waste.data_wait.share > 0.30", "waste.data_wait.share > 0.0"), encoding="utf-8")
+    return path
+
+
 #: The host facts of a CPU without bf16 matrix instructions: :data:`TEST_HOST` of the ``plain`` kind.
 PLAIN_HOST = {"amx_bf16": False, "avx512_bf16": False}
 

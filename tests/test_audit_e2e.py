@@ -41,8 +41,11 @@ def _seed_history(db: Path, rule: str, measured: list[float], low: float, high: 
     write({"audits": pd.DataFrame(rows, columns=columns("audits"))}, db)
 
 
-def test_goblin_audit_json_on_digits(goblin_home, tmp_path):
+def test_goblin_audit_json_on_digits(goblin_home, tmp_path, loader_rule_kb):
     """digits_mlp, with 20 secrets seeded as comments in the diff's context (tests/test_redact.py).
+
+    The rules are the shipped ones with the loader rule firing on any data wait (``loader_rule_kb``): its
+    shipped 0.30 threshold reads a share that a loaded machine moves, and this test is about the audit.
 
     The warehouse already holds three measured audits of the rule that fires: the prediction is scaled by
     their record and the report says how many audits it came from.
@@ -51,7 +54,7 @@ def test_goblin_audit_json_on_digits(goblin_home, tmp_path):
     _seed_history(goblin_home / "warehouse.duckdb", "data.loader_workers_with_threads", [1.3, 1.35, 1.4], 2.0, 3.0)
     mlflow_uri, parent = _mlflow_parent(tmp_path)
     r = _goblin("audit", str(wl), "--steps", "5", "--bench-steps", "15", "--repeats", "3", "--bench-budget", "40",
-                "--json", env_home=goblin_home, GOBLIN_MLFLOW_TRACKING_URI=mlflow_uri,
+                "--kb", str(loader_rule_kb), "--json", env_home=goblin_home, GOBLIN_MLFLOW_TRACKING_URI=mlflow_uri,
                 GOBLIN_MLFLOW_PARENT_RUN_ID=parent)
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout)

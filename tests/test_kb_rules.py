@@ -175,3 +175,15 @@ def test_kb_check_exits_2_with_the_kberror(tmp_path: Path, capsys):
     assert _run(["kb", "check", "--kb", str(f)]) == 2
     err = " ".join(capsys.readouterr().err.split())  # rich wraps long lines
     assert "env_vars.hip_force_dev_kernarg" in err and "recovery_fraction" in err
+
+
+def test_goblin_kb_names_the_rules_every_front_door_loads(monkeypatch, loader_rule_kb):
+    """``$GOBLIN_KB`` replaces the packaged rules where no path is given; an explicit path still wins."""
+    from goblin_assets.kb.rules import load_kb
+
+    shipped = load_kb()
+    monkeypatch.setenv("GOBLIN_KB", str(loader_rule_kb))
+    theirs = load_kb()
+    assert theirs.path == loader_rule_kb and theirs.sha256 != shipped.sha256
+    assert "waste.data_wait.share > 0.0" in theirs.by_id["data.loader_workers_with_threads"].detect
+    assert load_kb(shipped.path).sha256 == shipped.sha256

@@ -59,7 +59,9 @@ SMALL_RUNS = {"GOBLIN_RUNNER_PROFILED_STEPS": "1", "GOBLIN_RUNNER_WARMUP_STEPS":
 
 
 @pytest.fixture
-def dagster_ui(tmp_path, monkeypatch):
+def dagster_ui(tmp_path, monkeypatch, loader_rule_kb):
+    """``make ui``'s launcher on a fresh instance; the rules are the shipped ones with the loader rule firing on
+    any data wait (``GOBLIN_KB``), so a loaded machine still gets the digits patch the test reads."""
     import dagster as dg
 
     home = tmp_path / "home"
@@ -67,7 +69,8 @@ def dagster_ui(tmp_path, monkeypatch):
     dagster_home.mkdir(parents=True)
     (dagster_home / "dagster.yaml").write_text(
         "telemetry:\n  enabled: false\nconcurrency:\n  pools:\n    default_limit: 1\n")
-    env = {**os.environ, "GOBLIN_HOME": str(home), "DAGSTER_HOME": str(dagster_home), **SMALL_RUNS}
+    env = {**os.environ, "GOBLIN_HOME": str(home), "DAGSTER_HOME": str(dagster_home), **SMALL_RUNS,
+           "GOBLIN_KB": str(loader_rule_kb)}
     monkeypatch.setenv("GOBLIN_HOME", str(home))
     # Create (and migrate) the instance's storage before `dagster dev` opens it: two processes creating the same
     # fresh SQLite storage at once race on its schema version.

@@ -45,6 +45,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import operator
+import os
 import re
 from dataclasses import dataclass, field
 from importlib.resources import files
@@ -74,6 +75,9 @@ from goblin_assets.runners.devices import DEVICE_KEYS, device_facts
 from goblin_assets.runners.devices import matches as device_matches
 
 DEFAULT_KB = files("goblin_assets.kb.data") / "rocm_rules.yaml"
+#: Environment variable naming a rules file that replaces the packaged one wherever no path is given (every
+#: front door: CLI, Dagster assets, chat, MCP), e.g. a team's own copy with local rules added.
+KB_ENV = "GOBLIN_KB"
 
 _COND = re.compile(
     r"^\s*([A-Za-z_][\w.\-]*)\s*(<=|>=|==|!=|<|>|not_multiple_of|multiple_of|not_in|in)\s*(.+?)\s*$")
@@ -114,7 +118,7 @@ class KnowledgeBase:
 
 
 def load_kb(path: str | Path | None = None) -> KnowledgeBase:
-    """Load and validate ``kb/rocm_rules.yaml`` (or ``path``).
+    """Load and validate ``kb/rocm_rules.yaml`` (or ``path``, else the file ``$GOBLIN_KB`` names).
 
     Raises
     ------
@@ -126,7 +130,7 @@ def load_kb(path: str | Path | None = None) -> KnowledgeBase:
         assigns an unknown ConfigDict field, or a rule that *sets* a
         profiler/debug variable (kb_facts G01/G02).
     """
-    p = Path(path) if path else DEFAULT_KB
+    p = Path(path) if path else Path(os.environ[KB_ENV]) if os.environ.get(KB_ENV) else DEFAULT_KB
     try:
         text = p.read_text(encoding="utf-8")
         doc = yaml.safe_load(text)
