@@ -133,3 +133,71 @@ def observed_equals_trainer(m) -> None:
     assert obs["lora_rank"] == ad["r"] and ad["target_modules"] == ["query", "value"]
     assert obs["seq_len"] == pytest.approx(m.tokens_per_sec / m.samples_per_sec)   # tokens per sample, counted
     assert (obs["attention_impl"], obs["padding"], obs["precision"]) == ("eager", "max_length", "fp32")
+
+
+SETS_AT_RUN_TIME = '''import argparse
+import torch
+from torch.utils.data import DataLoader
+from transformers import AutoModelForSequenceClassification, TrainingArguments
+
+p = argparse.ArgumentParser()
+p.add_argument("--batch-size", type=int, default=64)
+cli = p.parse_args()
+cli.batch_size = 8
+torch.set_num_threads(4)
+model = AutoModelForSequenceClassification.from_pretrained("prajjwal1/bert-tiny")
+args = TrainingArguments("out", per_device_train_batch_size=cli.batch_size, gradient_checkpointing=False,
+                         learning_rate=0.001)
+model.gradient_checkpointing_enable()
+torch.set_num_threads(1)
+'''
+
+
+def _record(batch: int, threads: int, checkpointing: bool, lr: float) -> dict:
+    """An observation as the harness writes it (runners/observe.py), for the fields these tests read."""
+    return {"loaders": [{"step": 1, "cls": "torch.utils.data.DataLoader", "batch_size": batch, "num_workers": 0,
+                         "where": "train.py:12"}],
+            "model": {"cls": "BertForSequenceClassification", "name_or_path": "prajjwal1/bert-tiny",
+                      "gradient_checkpointing": checkpointing},
+            "optimizers": [{"cls": "AdamW", "module": "torch.optim", "groups": [{"lr": lr}]}],
+            "threads": threads}
+
+
+def test_patchable_says_whether_the_writer_can_edit_the_place_that_wins(tmp_path):
+    """A disagreement is patchable only when a literal statement of the parsed script sets the run's value
+    (``patch.overrides.setting_call``); a call that pulls a lever, a statement in another file than the one
+    the patch writes, or a value no statement states is reported as set where the patch cannot write."""
+    src = tmp_path / "train.py"
+    src.write_text(SETS_AT_RUN_TIME)
+    parsed = parse_config(src)
+    assert (parsed.batch_size, parsed.intra_op_threads, parsed.gradient_checkpointing) == (64, 4, False)
+    eff = effective_config(parsed, _record(8, 1, True, 0.01), source=src)
+    found = {d.field: d for d in eff.disagreements}
+    assert set(found) == {"batch_size", "intra_op_threads", "gradient_checkpointing", "lr"}
+    # a literal assignment and a literal call argument of the parsed script: the writer edits them
+    b, t = found["batch_size"], found["intra_op_threads"]
+    assert b.patchable and (b.set_at.line, b.set_at.detail) == (9, "cli.batch_size = 8") and "line 9" in b.cause
+    assert t.patchable and (t.set_at.line, t.set_at.detail) == (15, "torch.set_num_threads(1)")
+    # a call that pulls a lever holds no value to rewrite
+    g = found["gradient_checkpointing"]
+    assert not g.patchable and g.set_at.line == 14 and g.set_at.span is None and "a call" in g.cause
+    # no statement states the run's lr: the place that wins is one the parser cannot see
+    lr = found["lr"]
+    assert not lr.patchable and lr.set_at is None and "parser cannot see" in lr.cause
+    # the patch writes into the place that wins as well as the parsed line, and reads back as written
+    edited = edit_source(eff, {"batch_size": 16, "intra_op_threads": 2}, src, packages={})
+    assert "default=16" in edited and "cli.batch_size = 16" in edited
+    assert edited.count("torch.set_num_threads(2)") == 2 and "set_num_threads(1)" not in edited
+    for fld in ("gradient_checkpointing", "lr"):
+        with pytest.raises(PatchError, match="parser cannot see"):
+            edit_source(eff, {fld: {"lr": 0.02}.get(fld, False)}, src, packages={})
+    # the report says so, per field
+    md = "\n".join(config_markdown(eff))
+    assert md.count("A patch of this field edits the line that sets the run's value") == 2
+    assert md.count("No patch is written for this field") == 2
+    # the same statement in a program that is not the parsed file: the patch writes only the parsed file
+    other = effective_config(parsed, _record(8, 4, False, 0.001), source=src, config_is_entry=False)
+    (d,) = other.disagreements
+    assert d.field == "batch_size" and d.set_at.line == 9 and not d.patchable and "writes only" in d.cause
+    # without the program (a caller that does not say what ran), nothing is patchable
+    assert not any(d.patchable for d in effective_config(parsed, _record(8, 1, True, 0.01)).disagreements)

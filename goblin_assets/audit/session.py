@@ -385,7 +385,7 @@ class AuditSession:
                 return cfg
             entry = self.workload.config_file.resolve() == self.workload.script.resolve()
             eff = effective_config(cfg, self.profile_run().observed, args=list(self.workload.args or []),
-                                   config_is_entry=entry)
+                                   config_is_entry=entry, source=self.workload.script)
             for d in eff.disagreements:
                 self.log(f"effective_config: {d.why}")
             return eff
