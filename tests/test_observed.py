@@ -30,24 +30,43 @@ OVERRIDE = REPO / "tests" / "data" / "override_workload"
 @pytest.fixture(scope="module")
 def override_run(tmp_path_factory):
     """One real run of the override workload (flags over its config.yaml), with the script's own truth file."""
-    home = tmp_path_factory.mktemp("observed")
+    m, truth = truth_run(OVERRIDE, tmp_path_factory.mktemp("observed"), steps=2, warmup=1)
+    return load_workload(OVERRIDE), m, truth
+
+
+def observed_equals_truth(m, truth: dict) -> None:
+    """Every ConfigDict field of run ``m`` is observed and equals what the program wrote it used (``truth``: the
+    ``OBSERVE_TRUTH`` file, written from the program's own objects; the optimizer by its class name); shared with
+    tests/test_trace_scale_ranks.py, which asserts it on its run of the sleepy workload."""
+    obs = observed_values(m.observed)
+    assert set(obs) == set(CONFIG_FIELDS) == set(truth)
+    got = {f: v for f, (v, _) in obs.items()}
+    truth = {**truth, "optimizer": {"AdamW": "adamw_torch", "SGD": "sgd"}[truth["optimizer"]]}
+    assert got == truth, {f: (got[f], truth[f]) for f in truth if got[f] != truth[f]}
+    assert all(p.kind == "observed" for _, p in obs.values())
+
+
+def truth_run(workload, home, **kw):
+    """One short profiled run of ``workload`` with ``OBSERVE_TRUTH`` set: (RunMetrics, the program's truth file)."""
     truth = home / "truth.json"
-    wl = load_workload(OVERRIDE)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("GOBLIN_HOME", str(home))
-        m = profile_run(wl, LocalRunner(timeout_s=300), steps=2, warmup=1, env={"OBSERVE_TRUTH": str(truth)})
+        m = profile_run(load_workload(workload), LocalRunner(timeout_s=300), env={"OBSERVE_TRUTH": str(truth)}, **kw)
     assert m.ok, m.failure
-    return wl, m, json.loads(truth.read_text())
+    return m, json.loads(truth.read_text())
 
 
 def test_every_field_observed_equals_what_the_program_used(override_run):
-    wl, m, truth = override_run
-    obs = observed_values(m.observed)
-    assert set(obs) == set(CONFIG_FIELDS)
-    got = {f: v for f, (v, _) in obs.items()}
-    truth["optimizer"] = {"AdamW": "adamw_torch"}[truth["optimizer"]]
-    assert got == truth
-    assert all(p.kind == "observed" for _, p in obs.values())
+    _, m, truth = override_run
+    observed_equals_truth(m, truth)
+
+
+@pytest.mark.slow
+def test_docstring_lm_every_field_observed_equals_what_it_used(tmp_path):
+    """tests/data/docstring_lm_oom without its memory cap, one warm-up and one profiled step (the cheapest run
+    that takes an optimizer step): every field equals what the program wrote it used."""
+    m, truth = truth_run(REPO / "tests" / "data" / "docstring_lm_oom", tmp_path, steps=1, warmup=1)
+    observed_equals_truth(m, truth)
 
 
 def test_flags_over_the_config_file_are_reported_with_both_values(override_run):

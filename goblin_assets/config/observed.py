@@ -29,7 +29,8 @@ dataloader_workers       the DataLoader's ``num_workers``
 intra_op_threads         ``torch.get_num_threads()`` at the first step
 lr                       the first parameter group's base ``lr`` (``initial_lr``)
 warmup_steps             the LR scheduler's stated warm-up (0 with no scheduler)
-padding                  fixed vs per-batch widths of the token field with its mask
+padding                  fixed vs per-batch widths of the token field with its mask (without a
+                         mask: rows ending in a run of one id, the pad id)
 group_by_length          the loader's sampler class (``LengthGroupedSampler``)
 =======================  ===============================================================
 
@@ -114,15 +115,16 @@ def _padding(rec: dict) -> tuple[str | None, str]:
         return None, "no attention mask in the batches: no padding to observe"
     widths = {b["shape"][1] for b in rows}
     padded = sum(b["padded_rows"] for b in rows)
+    told = next((f" (pad id {b['pad_id']}, told from {b['pad_from']})" for b in rows if b.get("pad_from")), "")
     if len(widths) == 1:
         if padded == 0:
             return None, f"every row fills the fixed width {next(iter(widths))}: no padding seen (packed or equal)"
-        return "max_length", (f"every batch is {next(iter(widths))} wide and {padded} rows carry pad positions: "
-                              "padded to a fixed length")
+        return "max_length", (f"every batch is {next(iter(widths))} wide and {padded} rows carry pad positions"
+                              f"{told}: padded to a fixed length")
     tight = all(b.get("longest") == b["shape"][1] for b in rows)
     return ("dynamic" if tight else "longest",
-            f"batch widths vary ({sorted(widths)}); each batch is as wide as its longest row" if tight else
-            f"batch widths vary ({sorted(widths)})")
+            f"batch widths vary ({sorted(widths)}); each batch is as wide as its longest row{told}" if tight else
+            f"batch widths vary ({sorted(widths)}){told}")
 
 
 def _warmup(rec: dict) -> tuple[int | None, str]:
