@@ -124,15 +124,14 @@ def test_digits_every_field_observed(digits_profile):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name,precision", [("tiny_workload", "fp32"), ("fp16_overflow_workload", "fp16")])
-def test_test_workloads_every_field_observed(tmp_path, monkeypatch, name, precision):
+def test_test_workloads_every_field_observed(tmp_path, name, precision):
     """The runnable test workloads (half_workload: tests/test_evidence.py, on its audit's run; MiniLM:
-    tests/test_minilm_audit.py): every field observed; batch and accumulation equal the harness's own counts,
+    tests/test_minilm_audit.py; sleepy_workload, invariant_workload: their own tests' runs): every field
+    observed, equal to what the loop wrote it used; batch and accumulation also equal the harness's own counts,
     precision the dtype the stepped parameters really had (``model.half()``: float16, no autocast)."""
-    monkeypatch.setenv("GOBLIN_HOME", str(tmp_path))
-    m = profile_run(load_workload(REPO / "tests" / "data" / name), LocalRunner(timeout_s=300), steps=2, warmup=1)
-    assert m.ok, m.failure
+    m, truth = truth_run(REPO / "tests" / "data" / name, tmp_path, steps=2, warmup=1)
+    observed_equals_truth(m, truth)
     obs = {f: v for f, (v, _) in observed_values(m.observed).items()}
-    assert set(obs) == set(CONFIG_FIELDS)
     assert obs["batch_size"] == m.samples_per_step / m.observed["batches_per_step"][-1]
     assert obs["grad_accum_steps"] == m.observed["backward_per_step"][-1] == 1
     dtype = {"fp32": "float32", "fp16": "float16"}[precision]
