@@ -206,9 +206,10 @@ def test_patchable_says_whether_the_writer_can_edit_the_place_that_wins(tmp_path
     edited = edit_source(eff, {"batch_size": 16, "intra_op_threads": 2}, src, packages={})
     assert "default=16" in edited and "cli.batch_size = 16" in edited
     assert edited.count("torch.set_num_threads(2)") == 2 and "set_num_threads(1)" not in edited
-    for fld in ("gradient_checkpointing", "lr"):
-        with pytest.raises(PatchError, match="parser cannot see"):
-            edit_source(eff, {fld: {"lr": 0.02}.get(fld, False)}, src, packages={})
+    with pytest.raises(PatchError, match="line 14 of train.py sets it at run time .* a call"):
+        edit_source(eff, {"gradient_checkpointing": False}, src, packages={})
+    with pytest.raises(PatchError, match="parser cannot see"):
+        edit_source(eff, {"lr": 0.02}, src, packages={})
     # the report says so, per field
     md = "\n".join(config_markdown(eff))
     assert md.count("A patch of this field edits the line that sets the run's value") == 2

@@ -375,9 +375,11 @@ class AuditSession:
         (provenance ``observed``; the parsed values beside them; each disagreement listed, issue 27).
 
         Rules, the waste-budget model, the patch's sizing and the report read
-        this; the patch writes into the file's own lines (``ConfigDict.as_parsed``)
-        and refuses a field whose winning value is set where the parser cannot
-        see.  A replay (no run, no observation) is the parsed config.  Memoised.
+        this; the patch writes into the file's own lines (``ConfigDict.as_parsed``),
+        and into the entry script's statement that set a disagreeing value when
+        that is a literal of the same file (``Disagreement.patchable``); it
+        refuses a field whose winning value is set where it cannot write.  A
+        replay (no run, no observation) is the parsed config.  Memoised.
         """
         def merge() -> ConfigDict:
             cfg = self.training_config()

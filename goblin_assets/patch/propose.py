@@ -102,8 +102,7 @@ def _write(config: ConfigDict, path: Path, changes: dict[str, Any], companions: 
         if fld in blocked:
             d = blocked[fld]
             raise PatchError(f"{fld}: the run used {d.run_value!r}, not the file's {d.file_value!r} "
-                             f"({d.file_where}); the value that wins is set where the parser cannot see, so no "
-                             "patch is written into the file's line")
+                             f"({d.file_where}): {d.cause}; no patch is written into the file's line")
     if config.source_format.rsplit(":", 1)[-1] in F.READ_ONLY_TOOLS:
         raise PatchError(f"{path.name}: Goblin reads {F.TOOL_NAMES[config.source_format.rsplit(':', 1)[-1]]} "
                          "files, but where a new value goes in them is unknown to its writers: no patch is written")
