@@ -77,10 +77,13 @@ class Disagreement(BaseModel):
     found it (``train.yaml:3 (literal)``); ``run_value`` / ``run_where``: the
     value the program ran with and where the harness read it; ``cause`` what
     sets the winning value, as far as the audit can tell; ``why`` one
-    sentence naming both values and the cause.  ``patchable`` is False when the value that wins is
-    set in a place the parser cannot see (the workload's arguments, code that
-    changes it at run time): a patch of the file's line would change nothing,
-    so none is written for this field.
+    sentence naming both values and the cause.  ``set_at`` is the statement of the program that
+    sets the run's value, when the audit found one (an assignment or call in the entry script,
+    ``patch.overrides.setting_call``); None when the value comes from a place the parser cannot
+    see (the workload's arguments, a value computed at run time).  ``patchable`` is True only when
+    that statement states the value as a literal in the file the patch writes, so the patch
+    writer rewrites it together with the file's line; else a patch of the file's line would
+    change nothing, and none is written for this field.
     """
 
     field: str
@@ -90,6 +93,7 @@ class Disagreement(BaseModel):
     run_where: str = ""
     cause: str = ""
     why: str = ""
+    set_at: Provenance | None = None
     patchable: bool = False
 
 

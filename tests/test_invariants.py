@@ -12,6 +12,7 @@ process with real batches.
 from __future__ import annotations
 
 import ast
+import json
 import sys
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from goblin_assets.report.markdown import invariants_markdown
 from goblin_assets.runners import invariants as recorder
 from goblin_assets.runners.local import LocalRunner
 from goblin_assets.runners.workload import load_workload
+from tests.test_observed import observed_equals_truth
 
 WORKLOAD = Path(__file__).parent / "data" / "invariant_workload"
 
@@ -47,11 +49,20 @@ BROKEN = {
 }
 
 
+#: What each run's loop wrote it used (tests/data/observe_truth.py), by the run's arguments.
+TRUTH: dict[tuple[str, ...], dict] = {}
+
+
 def _profile(tmp_path_factory, args: list[str]) -> RunMetrics:
+    home = tmp_path_factory.mktemp("inv_home")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("GOBLIN_HOME", str(tmp_path_factory.mktemp("inv_home")))
+        mp.setenv("GOBLIN_HOME", str(home))
         wl = load_workload(WORKLOAD).model_copy(update={"args": args})
-        return profile_run(wl, LocalRunner(device="cpu", timeout_s=300), steps=8, warmup=2)
+        m = profile_run(wl, LocalRunner(device="cpu", timeout_s=300), steps=8, warmup=2,
+                        env={"OBSERVE_TRUTH": str(home / "truth.json")})
+    if (home / "truth.json").is_file():
+        TRUTH[tuple(args)] = json.loads((home / "truth.json").read_text())
+    return m
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +77,18 @@ def healthy(tmp_path_factory) -> RunMetrics:
     m = _profile(tmp_path_factory, ["--healthy"])
     assert m.ok, m.failure
     return m
+
+
+def test_every_field_observed_equals_what_the_loop_used(broken, healthy):
+    """Issue 27, on the same two runs: every ConfigDict field observed, equal to what the loop wrote it used
+    (fp16 autocast, 4 threads, workers past the cores and a learning rate scaled by 1e5 when broken)."""
+    observed_equals_truth(broken, TRUTH[()])
+    assert broken.observed["batches"] and TRUTH[()]["padding"] == "dynamic"
+    # healthy: every row is 12 tokens, so the collator that pads each batch to its longest row pads nothing, and
+    # no batch shows its strategy: the run observes no padding, which is what the batches carry
+    truth = TRUTH[("--healthy",)]
+    assert truth["padding"] == "dynamic" and truth["seq_len"] == 12
+    observed_equals_truth(healthy, {**truth, "padding": None})
 
 
 def _by_id(m: RunMetrics) -> dict:

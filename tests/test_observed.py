@@ -30,24 +30,43 @@ OVERRIDE = REPO / "tests" / "data" / "override_workload"
 @pytest.fixture(scope="module")
 def override_run(tmp_path_factory):
     """One real run of the override workload (flags over its config.yaml), with the script's own truth file."""
-    home = tmp_path_factory.mktemp("observed")
+    m, truth = truth_run(OVERRIDE, tmp_path_factory.mktemp("observed"), steps=2, warmup=1)
+    return load_workload(OVERRIDE), m, truth
+
+
+def observed_equals_truth(m, truth: dict) -> None:
+    """Every ConfigDict field of run ``m`` is observed and equals what the program wrote it used (``truth``: the
+    ``OBSERVE_TRUTH`` file, written from the program's own objects; the optimizer by its class name); shared with
+    tests/test_trace_scale_ranks.py, which asserts it on its run of the sleepy workload."""
+    obs = observed_values(m.observed)
+    assert set(obs) == set(CONFIG_FIELDS) == set(truth)
+    got = {f: v for f, (v, _) in obs.items()}
+    truth = {**truth, "optimizer": {"AdamW": "adamw_torch", "SGD": "sgd"}[truth["optimizer"]]}
+    assert got == truth, {f: (got[f], truth[f]) for f in truth if got[f] != truth[f]}
+    assert all(p.kind == "observed" for _, p in obs.values())
+
+
+def truth_run(workload, home, **kw):
+    """One short profiled run of ``workload`` with ``OBSERVE_TRUTH`` set: (RunMetrics, the program's truth file)."""
     truth = home / "truth.json"
-    wl = load_workload(OVERRIDE)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("GOBLIN_HOME", str(home))
-        m = profile_run(wl, LocalRunner(timeout_s=300), steps=2, warmup=1, env={"OBSERVE_TRUTH": str(truth)})
+        m = profile_run(load_workload(workload), LocalRunner(timeout_s=300), env={"OBSERVE_TRUTH": str(truth)}, **kw)
     assert m.ok, m.failure
-    return wl, m, json.loads(truth.read_text())
+    return m, json.loads(truth.read_text())
 
 
 def test_every_field_observed_equals_what_the_program_used(override_run):
-    wl, m, truth = override_run
-    obs = observed_values(m.observed)
-    assert set(obs) == set(CONFIG_FIELDS)
-    got = {f: v for f, (v, _) in obs.items()}
-    truth["optimizer"] = {"AdamW": "adamw_torch"}[truth["optimizer"]]
-    assert got == truth
-    assert all(p.kind == "observed" for _, p in obs.values())
+    _, m, truth = override_run
+    observed_equals_truth(m, truth)
+
+
+@pytest.mark.slow
+def test_docstring_lm_every_field_observed_equals_what_it_used(tmp_path):
+    """tests/data/docstring_lm_oom without its memory cap, one warm-up and one profiled step (the cheapest run
+    that takes an optimizer step): every field equals what the program wrote it used."""
+    m, truth = truth_run(REPO / "tests" / "data" / "docstring_lm_oom", tmp_path, steps=1, warmup=1)
+    observed_equals_truth(m, truth)
 
 
 def test_flags_over_the_config_file_are_reported_with_both_values(override_run):
@@ -105,15 +124,14 @@ def test_digits_every_field_observed(digits_profile):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name,precision", [("tiny_workload", "fp32"), ("fp16_overflow_workload", "fp16")])
-def test_test_workloads_every_field_observed(tmp_path, monkeypatch, name, precision):
+def test_test_workloads_every_field_observed(tmp_path, name, precision):
     """The runnable test workloads (half_workload: tests/test_evidence.py, on its audit's run; MiniLM:
-    tests/test_minilm_audit.py): every field observed; batch and accumulation equal the harness's own counts,
+    tests/test_minilm_audit.py; sleepy_workload, invariant_workload: their own tests' runs): every field
+    observed, equal to what the loop wrote it used; batch and accumulation also equal the harness's own counts,
     precision the dtype the stepped parameters really had (``model.half()``: float16, no autocast)."""
-    monkeypatch.setenv("GOBLIN_HOME", str(tmp_path))
-    m = profile_run(load_workload(REPO / "tests" / "data" / name), LocalRunner(timeout_s=300), steps=2, warmup=1)
-    assert m.ok, m.failure
+    m, truth = truth_run(REPO / "tests" / "data" / name, tmp_path, steps=2, warmup=1)
+    observed_equals_truth(m, truth)
     obs = {f: v for f, (v, _) in observed_values(m.observed).items()}
-    assert set(obs) == set(CONFIG_FIELDS)
     assert obs["batch_size"] == m.samples_per_step / m.observed["batches_per_step"][-1]
     assert obs["grad_accum_steps"] == m.observed["backward_per_step"][-1] == 1
     dtype = {"fp32": "float32", "fp16": "float16"}[precision]
@@ -133,3 +151,72 @@ def observed_equals_trainer(m) -> None:
     assert obs["lora_rank"] == ad["r"] and ad["target_modules"] == ["query", "value"]
     assert obs["seq_len"] == pytest.approx(m.tokens_per_sec / m.samples_per_sec)   # tokens per sample, counted
     assert (obs["attention_impl"], obs["padding"], obs["precision"]) == ("eager", "max_length", "fp32")
+
+
+SETS_AT_RUN_TIME = '''import argparse
+import torch
+from torch.utils.data import DataLoader
+from transformers import AutoModelForSequenceClassification, TrainingArguments
+
+p = argparse.ArgumentParser()
+p.add_argument("--batch-size", type=int, default=64)
+cli = p.parse_args()
+cli.batch_size = 8
+torch.set_num_threads(4)
+model = AutoModelForSequenceClassification.from_pretrained("prajjwal1/bert-tiny")
+args = TrainingArguments("out", per_device_train_batch_size=cli.batch_size, gradient_checkpointing=False,
+                         learning_rate=0.001)
+model.gradient_checkpointing_enable()
+torch.set_num_threads(1)
+'''
+
+
+def _record(batch: int, threads: int, checkpointing: bool, lr: float) -> dict:
+    """An observation as the harness writes it (runners/observe.py), for the fields these tests read."""
+    return {"loaders": [{"step": 1, "cls": "torch.utils.data.DataLoader", "batch_size": batch, "num_workers": 0,
+                         "where": "train.py:12"}],
+            "model": {"cls": "BertForSequenceClassification", "name_or_path": "prajjwal1/bert-tiny",
+                      "gradient_checkpointing": checkpointing},
+            "optimizers": [{"cls": "AdamW", "module": "torch.optim", "groups": [{"lr": lr}]}],
+            "threads": threads}
+
+
+def test_patchable_says_whether_the_writer_can_edit_the_place_that_wins(tmp_path):
+    """A disagreement is patchable only when a literal statement of the parsed script sets the run's value
+    (``patch.overrides.setting_call``); a call that pulls a lever, a statement in another file than the one
+    the patch writes, or a value no statement states is reported as set where the patch cannot write."""
+    src = tmp_path / "train.py"
+    src.write_text(SETS_AT_RUN_TIME)
+    parsed = parse_config(src)
+    assert (parsed.batch_size, parsed.intra_op_threads, parsed.gradient_checkpointing) == (64, 4, False)
+    eff = effective_config(parsed, _record(8, 1, True, 0.01), source=src)
+    found = {d.field: d for d in eff.disagreements}
+    assert set(found) == {"batch_size", "intra_op_threads", "gradient_checkpointing", "lr"}
+    # a literal assignment and a literal call argument of the parsed script: the writer edits them
+    b, t = found["batch_size"], found["intra_op_threads"]
+    assert b.patchable and (b.set_at.line, b.set_at.detail) == (9, "cli.batch_size = 8") and "line 9" in b.cause
+    assert t.patchable and (t.set_at.line, t.set_at.detail) == (15, "torch.set_num_threads(1)")
+    # a call that pulls a lever holds no value to rewrite
+    g = found["gradient_checkpointing"]
+    assert not g.patchable and g.set_at.line == 14 and g.set_at.span is None and "a call" in g.cause
+    # no statement states the run's lr: the place that wins is one the parser cannot see
+    lr = found["lr"]
+    assert not lr.patchable and lr.set_at is None and "parser cannot see" in lr.cause
+    # the patch writes into the place that wins as well as the parsed line, and reads back as written
+    edited = edit_source(eff, {"batch_size": 16, "intra_op_threads": 2}, src, packages={})
+    assert "default=16" in edited and "cli.batch_size = 16" in edited
+    assert edited.count("torch.set_num_threads(2)") == 2 and "set_num_threads(1)" not in edited
+    with pytest.raises(PatchError, match="line 14 of train.py sets it at run time .* a call"):
+        edit_source(eff, {"gradient_checkpointing": False}, src, packages={})
+    with pytest.raises(PatchError, match="parser cannot see"):
+        edit_source(eff, {"lr": 0.02}, src, packages={})
+    # the report says so, per field
+    md = "\n".join(config_markdown(eff))
+    assert md.count("A patch of this field edits the line that sets the run's value") == 2
+    assert md.count("No patch is written for this field") == 2
+    # the same statement in a program that is not the parsed file: the patch writes only the parsed file
+    other = effective_config(parsed, _record(8, 4, False, 0.001), source=src, config_is_entry=False)
+    (d,) = other.disagreements
+    assert d.field == "batch_size" and d.set_at.line == 9 and not d.patchable and "writes only" in d.cause
+    # without the program (a caller that does not say what ran), nothing is patchable
+    assert not any(d.patchable for d in effective_config(parsed, _record(8, 1, True, 0.01)).disagreements)

@@ -231,3 +231,31 @@ def test_calibrated_prediction_says_how_many_audits_it_came_from():
     assert rep.predicted_high < 1.9 and rep.calibration.model_high == 1.9 and rep.calibration.audits == 4
     md = render_markdown(rep)
     assert "scaled by the record of 4 measured audits" in md and "data.dynamic_padding: 4 audits" in md
+
+
+def test_html_shows_the_config_as_it_ran():
+    """The HTML page carries the markdown report's section on the config as it ran: each disagreement with
+    both values and where each came from, and the observed value beside the parsed one for every field."""
+    from goblin_assets.contracts import Disagreement, Provenance
+
+    cfg = CFG.model_copy(update={
+        "batch_size": 4, "provenance": {"batch_size": Provenance(kind="observed", detail="DataLoader(batch_size=4)"),
+                                        "seq_len": Provenance(kind="observed", detail="width of the token field")},
+        "parsed": {"batch_size": 8, "seq_len": 64},
+        "parsed_provenance": {"batch_size": Provenance(file="train.yaml", line=3, kind="literal"),
+                              "seq_len": Provenance(file="train.yaml", line=4, kind="literal")},
+        "disagreements": [Disagreement(field="batch_size", file_value=8, file_where="train.yaml:3 (literal)",
+                                       run_value=4, run_where="observed: DataLoader(batch_size=4)",
+                                       cause="the workload's arguments (--batch-size 4) override it")]})
+    before, after = _run(1.0, 0.5, 500.0), _run(1.0, 0.5, 500.0)
+    bench = {"baseline": _bench("baseline", [240.0, 250.0], before), "patched": _bench("patched", [240.0, 250.0],
+                                                                                         after)}
+    rep = compare_runs(before, after, bench, _patch(), cfg)
+    page = render_html(rep)
+    assert "<h2>The config as it ran (observed)</h2>" in page
+    assert "1 of 2 observed fields differ" in page and "train.yaml:3 (literal)" in page
+    assert "--batch-size 4" in page and "No patch is written for this field" in page
+    assert re.search(r"<td>batch_size</td>\s*<td><code>8</code>.*</td>\s*<td><code>4</code>.*</td>\s*<td>no</td>",
+                     page)
+    assert re.search(r"<td>seq_len</td>(\s*<td>[^\n]*</td>){2}\s*<td>yes</td>", page)
+    assert "## The config as it ran" in render_markdown(rep)

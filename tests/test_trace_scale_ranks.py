@@ -212,15 +212,21 @@ def test_no_graph_finding_on_a_trace_without_graph_launches():
 
 
 @pytest.mark.slow
-def test_live_audit_names_the_steps_that_sleep(goblin_home):
-    """A real profiled run (harness, torch.profiler): every 4th optimizer step sleeps 400 ms."""
+def test_live_audit_names_the_steps_that_sleep(goblin_home, tmp_path):
+    """A real profiled run (harness, torch.profiler): every 4th optimizer step sleeps 400 ms.  The same run
+    shows every ConfigDict field observed, equal to what the loop wrote it used (issue 27)."""
+    import json
+
     from goblin_assets.measure.profile import profile_run
     from goblin_assets.runners.local import LocalRunner
     from goblin_assets.runners.workload import load_workload
+    from tests.test_observed import observed_equals_truth
 
+    truth = tmp_path / "truth.json"
     m = profile_run(load_workload(Path(__file__).parent / "data" / "sleepy_workload"), LocalRunner(timeout_s=300),
-                    steps=8, warmup=2)
+                    steps=8, warmup=2, env={"OBSERVE_TRUTH": str(truth)})
     assert m.ok, m.failure
+    observed_equals_truth(m, json.loads(truth.read_text()))
     assert len(m.all_step_times_s) == 10 and len(m.step_times_s) == 8  # every step, warm-up included
     measured = {o["step"]: o for o in m.step_outliers if o["phase"] == "measured"}
     assert {4, 8} <= set(measured), (m.all_step_times_s, m.step_outliers)  # a loaded machine may add others

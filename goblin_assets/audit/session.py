@@ -375,9 +375,11 @@ class AuditSession:
         (provenance ``observed``; the parsed values beside them; each disagreement listed, issue 27).
 
         Rules, the waste-budget model, the patch's sizing and the report read
-        this; the patch writes into the file's own lines (``ConfigDict.as_parsed``)
-        and refuses a field whose winning value is set where the parser cannot
-        see.  A replay (no run, no observation) is the parsed config.  Memoised.
+        this; the patch writes into the file's own lines (``ConfigDict.as_parsed``),
+        and into the entry script's statement that set a disagreeing value when
+        that is a literal of the same file (``Disagreement.patchable``); it
+        refuses a field whose winning value is set where it cannot write.  A
+        replay (no run, no observation) is the parsed config.  Memoised.
         """
         def merge() -> ConfigDict:
             cfg = self.training_config()
@@ -385,7 +387,7 @@ class AuditSession:
                 return cfg
             entry = self.workload.config_file.resolve() == self.workload.script.resolve()
             eff = effective_config(cfg, self.profile_run().observed, args=list(self.workload.args or []),
-                                   config_is_entry=entry)
+                                   config_is_entry=entry, source=self.workload.script)
             for d in eff.disagreements:
                 self.log(f"effective_config: {d.why}")
             return eff

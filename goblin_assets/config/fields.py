@@ -931,8 +931,35 @@ SYNONYMS.update({
         ("batch_size", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "int", R_EXPLICIT),
         ("lr", "actor_rollout_ref.actor.optim.lr", "float", R_EXPLICIT),
         ("gradient_checkpointing", "actor_rollout_ref.model.enable_gradient_checkpointing", "bool", R_EXPLICIT),
+        # what the actor's gradient accumulation is derived from (VERL_ACCUM_DEFAULTS, parse._verl_accumulation)
+        ("_verl_mini", "actor_rollout_ref.actor.ppo_mini_batch_size", "int", R_EXPLICIT),
+        ("_verl_micro_global", "actor_rollout_ref.actor.ppo_micro_batch_size", "int", R_EXPLICIT),
+        ("_verl_n", "actor_rollout_ref.rollout.n", "int", R_EXPLICIT),
+        ("_verl_sp", "actor_rollout_ref.actor.ulysses_sequence_parallel_size", "int", R_EXPLICIT),
+        ("_verl_dynamic", "actor_rollout_ref.actor.use_dynamic_bsz", "bool", R_EXPLICIT),
+        ("_gpus", "trainer.n_gpus_per_node", "int", R_EXPLICIT),
+        ("_nodes", "trainer.nnodes", "int", R_EXPLICIT),
     ],
 })
+
+#: verl's own documented defaults of the values its actor's gradient accumulation is derived from
+#: (verl ``verl/trainer/config/ppo_trainer.yaml``, explained in verl's docs ``docs/examples/config.rst``,
+#: https://verl.readthedocs.io/en/latest/examples/config.html).  verl's FSDP worker scales
+#: ``ppo_mini_batch_size`` (prompts, global) by ``rollout.n`` and divides it by the data-parallel size
+#: (GPUs / ``ulysses_sequence_parallel_size``); its actor then takes ``ppo_mini_batch_size //
+#: ppo_micro_batch_size_per_gpu`` backward passes per optimizer step (``verl/workers/fsdp_workers.py``,
+#: ``verl/workers/actor/dp_actor.py`` ``gradient_accumulation``).  ``ppo_micro_batch_size_per_gpu`` has no
+#: default (null: the run must state it), so it is not here; with ``use_dynamic_bsz`` the micro-batches are
+#: cut by token count and the number of passes per step is not fixed by the config.
+VERL_DEFAULTS_SOURCE = "verl/trainer/config/ppo_trainer.yaml, explained in verl's docs/examples/config.rst"
+VERL_ACCUM_DEFAULTS: dict[str, tuple[object, str]] = {
+    "_verl_mini": (256, "actor_rollout_ref.actor.ppo_mini_batch_size"),
+    "_verl_n": (1, "actor_rollout_ref.rollout.n"),
+    "_verl_sp": (1, "actor_rollout_ref.actor.ulysses_sequence_parallel_size"),
+    "_verl_dynamic": (False, "actor_rollout_ref.actor.use_dynamic_bsz"),
+    "_gpus": (8, "trainer.n_gpus_per_node"),
+    "_nodes": (1, "trainer.nnodes"),
+}
 
 _LITGPT = "LitGPT finetune TrainArgs default (litgpt/args.py; the config_hub YAMLs list each default)"
 _NEOX = "GPT-NeoX default (configs/neox_arguments.md)"

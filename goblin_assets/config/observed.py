@@ -29,7 +29,8 @@ dataloader_workers       the DataLoader's ``num_workers``
 intra_op_threads         ``torch.get_num_threads()`` at the first step
 lr                       the first parameter group's base ``lr`` (``initial_lr``)
 warmup_steps             the LR scheduler's stated warm-up (0 with no scheduler)
-padding                  fixed vs per-batch widths of the token field with its mask
+padding                  fixed vs per-batch widths of the token field with its mask (without a
+                         mask: rows ending in a run of one id, the pad id)
 group_by_length          the loader's sampler class (``LengthGroupedSampler``)
 =======================  ===============================================================
 
@@ -37,6 +38,7 @@ Only the standard library and pydantic models are used here (the record is plain
 """
 from __future__ import annotations
 
+import ast
 import math
 from collections import Counter
 from pathlib import Path
@@ -46,6 +48,7 @@ from goblin_assets.config import fields as F
 from goblin_assets.config.mapping import map_by_name
 from goblin_assets.config.shell import scan_text
 from goblin_assets.contracts import CONFIG_FIELDS, ConfigDict, Disagreement, Provenance
+from goblin_assets.patch.overrides import setting_call
 
 #: transformers ``_attn_implementation`` -> ConfigDict ``attention_impl``.
 _ATTN = {"sdpa": "sdpa", "eager": "eager", "flash_attention_2": "flash", "flash_attention_3": "flash",
@@ -112,15 +115,16 @@ def _padding(rec: dict) -> tuple[str | None, str]:
         return None, "no attention mask in the batches: no padding to observe"
     widths = {b["shape"][1] for b in rows}
     padded = sum(b["padded_rows"] for b in rows)
+    told = next((f" (pad id {b['pad_id']}, told from {b['pad_from']})" for b in rows if b.get("pad_from")), "")
     if len(widths) == 1:
         if padded == 0:
             return None, f"every row fills the fixed width {next(iter(widths))}: no padding seen (packed or equal)"
-        return "max_length", (f"every batch is {next(iter(widths))} wide and {padded} rows carry pad positions: "
-                              "padded to a fixed length")
+        return "max_length", (f"every batch is {next(iter(widths))} wide and {padded} rows carry pad positions"
+                              f"{told}: padded to a fixed length")
     tight = all(b.get("longest") == b["shape"][1] for b in rows)
     return ("dynamic" if tight else "longest",
-            f"batch widths vary ({sorted(widths)}); each batch is as wide as its longest row" if tight else
-            f"batch widths vary ({sorted(widths)})")
+            f"batch widths vary ({sorted(widths)}); each batch is as wide as its longest row{told}" if tight else
+            f"batch widths vary ({sorted(widths)}){told}")
 
 
 def _warmup(rec: dict) -> tuple[int | None, str]:
@@ -264,8 +268,48 @@ def _arg_fields(args: list[str]) -> dict[str, str]:
     return out
 
 
+def _read_tree(source: Path | None) -> ast.Module | None:
+    """The parsed entry script (None: not given, not Python, unreadable or not parsing)."""
+    if source is None or source.suffix != ".py" or not source.is_file():
+        return None
+    try:
+        return ast.parse(source.read_text(encoding="utf-8", errors="replace"))
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+
+
+def _cause(field: str, value: Any, by_args: dict[str, str], config_is_entry: bool, tree: ast.Module | None,
+           source: Path | None) -> tuple[str, Provenance | None, bool]:
+    """(cause, where the run's value is set, patchable) of one disagreement.
+
+    Patchable only when the entry script is the parsed file and one of its
+    statements states the run's value as a literal the writer can rewrite.
+    """
+    if field in by_args:
+        return (f"the workload's arguments ({by_args[field]}) override it, and the parser reads only the file; the "
+                "patch writes only the file, so it writes nothing for this field", None, False)
+    hit = setting_call(tree, field, lambda v: _same(field, v, value), source.name if source else "")
+    if hit is not None:
+        at = Provenance(file=source.name, line=hit.line, kind="literal" if hit.span else "inferred",
+                        detail=hit.text, span=hit.span)
+        if hit.span is not None and config_is_entry:
+            return (f"line {hit.line} of {source.name} sets it at run time (`{hit.text}`), after the line the "
+                    "parser reads; a patch of this field rewrites both", at, True)
+        if hit.span is None:
+            return (f"line {hit.line} of {source.name} sets it at run time (`{hit.text}`): a call, with no value "
+                    "the patch writer can rewrite", at, False)
+        return (f"line {hit.line} of {source.name}, the program that ran, sets it at run time (`{hit.text}`); the "
+                "patch writes only the parsed file, so it writes nothing for this field", at, False)
+    if not config_is_entry:
+        return ("the program that ran is not the parsed file: its launch line or code sets the value that wins, "
+                "which the parser does not read, so the patch writes nothing for this field", None, False)
+    return ("something the parser cannot see sets the value that wins (a command-line argument, or code that "
+            "computes it at run time: no statement of the script states it), so the patch writes nothing for this "
+            "field", None, False)
+
+
 def effective_config(cfg: ConfigDict, record: dict[str, Any] | None, *, args: list[str] | None = None,
-                     config_is_entry: bool = True) -> ConfigDict:
+                     config_is_entry: bool = True, source: str | Path | None = None) -> ConfigDict:
     """The ConfigDict a live audit reads: each observed value over the parsed one.
 
     Parameters
@@ -283,6 +327,11 @@ def effective_config(cfg: ConfigDict, record: dict[str, Any] | None, *, args: li
         False when the parsed file is not the program that ran (``config:``
         names a file the entry reads): a disagreement there may come from the
         entry's own code or launch line.
+    source
+        The program that ran (the workload's entry script): read for the
+        statement that sets each disagreeing field's run value
+        (:func:`~goblin_assets.patch.overrides.setting_call`).  None: no
+        statement is looked for, and no disagreement is patchable.
 
     Returns
     -------
@@ -290,13 +339,18 @@ def effective_config(cfg: ConfigDict, record: dict[str, Any] | None, *, args: li
         A copy: observed fields carry provenance kind ``observed``;
         ``parsed`` / ``parsed_provenance`` hold what the file said;
         ``disagreements`` lists each field both state with different values
-        (``patchable`` False when the winning value is set where the parser
-        cannot see, so the patch writes nothing for that field).
+        with ``set_at`` (the statement that sets the run's value, when one
+        is found) and ``patchable`` (True only when that statement is a
+        literal in the parsed file, which the patch rewrites with the file's
+        line; False when the winning value is set where the parser cannot
+        see, so the patch writes nothing for that field).
     """
     obs = observed_values(record)
     if not obs:
         return cfg
     by_args = _arg_fields(args or [])
+    source = Path(source) if source is not None else None
+    tree = _read_tree(source)
     values: dict[str, Any] = {}
     provs = dict(cfg.provenance)
     parsed, parsed_prov, dis = {}, {}, []
@@ -310,20 +364,13 @@ def effective_config(cfg: ConfigDict, record: dict[str, Any] | None, *, args: li
         stated = old is not None and old != "unknown" and (old_prov is None or old_prov.kind != "unset")
         if not stated or value is None or _same(field, old, value):
             continue
-        if field in by_args:
-            cause = f"the workload's arguments ({by_args[field]}) override it, and the parser reads only the file"
-        elif not config_is_entry:
-            cause = ("the program that ran is not the parsed file: its launch line or code sets the value that "
-                     "wins, which the parser does not read")
-        else:
-            cause = ("something the parser does not follow sets the value that wins (a command-line argument, "
-                     "or code that changes it at run time)")
+        cause, set_at, patchable = _cause(field, value, by_args, config_is_entry, tree, source)
         dis.append(Disagreement(
             field=field, file_value=old, file_where=_where_text(old_prov), run_value=value,
             run_where=_where_text(prov) + (f": {prov.detail}" if prov.detail else ""),
             why=f"{field}: the file says {old!r} ({_where_text(old_prov)}); the run used {value!r} "
                 f"({prov.detail}): {cause}",
-            cause=cause, patchable=False))
+            cause=cause, set_at=set_at, patchable=patchable))
     out = cfg.model_copy(update={**values, "provenance": provs, "parsed": parsed, "parsed_provenance": parsed_prov,
                                  "disagreements": dis})
     return out

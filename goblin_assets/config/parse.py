@@ -394,6 +394,8 @@ def _derive(tool: str, name: str, cands: list[Found]) -> None:
     total, micro = _best(cands, "_global_batch"), _best(cands, "batch_size")
     known = total is not None and micro is not None and isinstance(total.value, int) and \
         isinstance(micro.value, int) and micro.value > 0
+    if "verl" in chain:
+        _verl_accumulation(cands, name)
     if known and _best(cands, "grad_accum_steps") is None:
         if any(t in F.GA_FROM_GLOBAL_BATCH for t in chain):
             _final(cands, "grad_accum_steps", total.value // micro.value, name, "variable",
@@ -437,6 +439,68 @@ def _derive(tool: str, name: str, cands: list[Found]) -> None:
         cands.append(found("attention_impl", "unknown", Provenance(
             file=name, line=packed.prov.line, kind="inferred",
             detail="dataset.packed: True: torchtune uses flex attention (not sdpa/flash/eager)"), F.R_EXPLICIT))
+
+
+def _verl_inputs(cands: list[Found]) -> tuple[dict[str, Any], str]:
+    """The inputs of verl's accumulation (fields.VERL_ACCUM_DEFAULTS keys -> value), each the file's or else
+    verl's own documented default, and one sentence saying which came from where."""
+    vals, stated, defaulted = {}, [], []
+    for k, (default, key) in F.VERL_ACCUM_DEFAULTS.items():
+        hit = _best(cands, k)
+        if hit is not None:
+            vals[k] = hit.value
+            stated.append(f"{key}={hit.value!r} ({hit.prov.file}:{hit.prov.line})")
+        else:
+            vals[k] = default
+            defaulted.append(f"{key}={default!r}")
+    text = "; ".join(x for x in (", ".join(stated),
+                                 f"verl defaults ({F.VERL_DEFAULTS_SOURCE}): {', '.join(defaulted)}" if defaulted
+                                 else "") if x)
+    return vals, text
+
+
+def _verl_accumulation(cands: list[Found], name: str) -> None:
+    """verl's actor accumulation: ``ppo_mini_batch_size x rollout.n // (GPUs x nodes // sequence-parallel)
+    // ppo_micro_batch_size_per_gpu`` (verl's FSDP worker and dp_actor, fields.VERL_ACCUM_DEFAULTS for the
+    values the file leaves to verl).  The per-GPU micro batch has no default: when neither it nor the
+    deprecated global ``ppo_micro_batch_size`` is stated, or ``use_dynamic_bsz`` cuts micro-batches by token
+    count, accumulation stays undetermined with the reason."""
+    if _best(cands, "grad_accum_steps") is not None:
+        return
+    vals, sources = _verl_inputs(cands)
+    if not all(isinstance(vals[k], int) and vals[k] > 0 for k in ("_verl_mini", "_verl_n", "_verl_sp", "_gpus",
+                                                                   "_nodes")):
+        return
+    mini, n, sp = vals["_verl_mini"], vals["_verl_n"], vals["_verl_sp"]
+    world = vals["_gpus"] * vals["_nodes"]
+    dp = world // sp
+    if vals["_verl_dynamic"] is True:
+        _final(cands, "grad_accum_steps", Undetermined(
+            f"use_dynamic_bsz=True: verl cuts each mini-batch into micro-batches by token count, so the backward "
+            f"passes per optimizer step depend on the sequence lengths ({sources})"), name, "unset", "")
+        return
+    micro = _best(cands, "batch_size")
+    glob = _best(cands, "_verl_micro_global")
+    if micro is None and glob is not None and isinstance(glob.value, int) and dp > 0:
+        # verl divides the deprecated global micro batch by the data-parallel size (fsdp_workers.py)
+        micro = found("batch_size", glob.value // dp, glob.prov.model_copy(update={
+            "kind": "variable", "detail": f"{glob.prov.key} {glob.value} // data-parallel size {dp} "
+                                          f"({world} GPUs // sequence-parallel {sp}) ({sources})"}), F.R_EXPLICIT)
+        cands.append(micro)
+    if micro is None or not isinstance(micro.value, int) or micro.value <= 0:
+        _final(cands, "grad_accum_steps", Undetermined(
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu is not stated and has no verl default (null): "
+            "accumulation = ppo_mini_batch_size x rollout.n // data-parallel size // it"), name, "unset", "")
+        return
+    per_gpu = mini * n // dp if dp > 0 else 0
+    if per_gpu <= 0 or per_gpu % micro.value:
+        _final(cands, "grad_accum_steps", Undetermined(
+            f"ppo_mini_batch_size {mini} x rollout.n {n} // data-parallel size {dp} = {per_gpu} per GPU is not a "
+            f"multiple of the micro batch {micro.value}: verl rejects this config ({sources})"), name, "unset", "")
+        return
+    _final(cands, "grad_accum_steps", per_gpu // micro.value, name, "variable",
+           f"verl: ppo_mini_batch_size {mini} x rollout.n {n} // ({world} GPUs // sequence-parallel {sp}) = "
+           f"{per_gpu} per GPU, // ppo_micro_batch_size_per_gpu {micro.value} ({sources})", micro.prov.line)
 
 
 def _ga_per_gpu(cands: list[Found], total: Found, micro: Found, name: str) -> None:

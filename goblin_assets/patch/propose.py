@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from goblin_assets.config import fields as F
-from goblin_assets.contracts import ConfigDict, KeywordEdit, Patch, RuleMatch, RunMetrics
+from goblin_assets.contracts import ConfigDict, Disagreement, KeywordEdit, Patch, RuleMatch, RunMetrics
 from goblin_assets.errors import PatchError
 from goblin_assets.host import keyword_names
 from goblin_assets.kb.rules import KnowledgeBase
@@ -60,7 +60,7 @@ from goblin_assets.patch.changeset import (
     companions_for,
     resolve_changes,
 )
-from goblin_assets.patch.overrides import overriding_call
+from goblin_assets.patch.overrides import overriding_call, setting_call
 from goblin_assets.patch.source_edit import Document, SourceWriter, TextWriter, installed_packages
 from goblin_assets.patch.write_mapping import JsonWriter, YamlWriter
 from goblin_assets.patch.write_python import PythonWriter
@@ -90,16 +90,19 @@ def _write(config: ConfigDict, path: Path, changes: dict[str, Any], companions: 
     (``ConfigDict.as_parsed``), and a field whose observed value disagrees
     with the file's (``ConfigDict.disagreements``) is refused with the
     finding: the value that wins is set where the parser cannot see, so
-    editing the file's line would change nothing (issue 27).
+    editing the file's line would change nothing (issue 27).  A patchable
+    disagreement (a literal statement of this file sets the run's value at
+    run time, ``Disagreement.set_at``) is written in both places: the
+    file's line and that statement.
     """
     blocked = {d.field: d for d in config.disagreements if not d.patchable}
+    winning = {d.field: d for d in config.disagreements if d.patchable and d.set_at is not None}
     config = config.as_parsed()
     for fld in changes:
         if fld in blocked:
             d = blocked[fld]
             raise PatchError(f"{fld}: the run used {d.run_value!r}, not the file's {d.file_value!r} "
-                             f"({d.file_where}); the value that wins is set where the parser cannot see, so no "
-                             "patch is written into the file's line")
+                             f"({d.file_where}): {d.cause}; no patch is written into the file's line")
     if config.source_format.rsplit(":", 1)[-1] in F.READ_ONLY_TOOLS:
         raise PatchError(f"{path.name}: Goblin reads {F.TOOL_NAMES[config.source_format.rsplit(':', 1)[-1]]} "
                          "files, but where a new value goes in them is unknown to its writers: no patch is written")
@@ -115,6 +118,8 @@ def _write(config: ConfigDict, path: Path, changes: dict[str, Any], companions: 
         wins = overriding_call(doc.read.tree, fld, value)
         if wins:
             raise PatchError(f"{wins}, which wins over the config: editing {fld} would change nothing")
+        if fld in winning:
+            _rewrite_setting(doc, writer, winning[fld], value, path)
         if not writer.rewrite(fld, value):
             writer.insert(fld, value)
         for edit in companions:
@@ -124,6 +129,15 @@ def _write(config: ConfigDict, path: Path, changes: dict[str, Any], companions: 
         writer.keyword_edit(kw, signatures or keyword_names)
     writer.finish()
     return doc.text.text, doc.patched(changes)
+
+
+def _rewrite_setting(doc: Document, writer: SourceWriter, d: Disagreement, value: Any, path: Path) -> None:
+    """Rewrite the statement that set ``d``'s run value (found again in ``doc``) to ``value``; PatchError if gone."""
+    hit = setting_call(doc.read.tree, d.field, lambda v: v == d.run_value, path.name)
+    if d.set_at is None or Path(d.set_at.file or "").name != path.name or hit is None or hit.span is None:
+        raise PatchError(f"{d.field}: the statement that set the run's value {d.run_value!r} "
+                         f"({d.set_at.detail if d.set_at else 'not found'}) is not in {path.name} as written")
+    writer.rewrite_site(hit.conv, hit.span, value)
 
 
 def edit_source(config: ConfigDict, changes: dict[str, Any], source: Path | None = None,

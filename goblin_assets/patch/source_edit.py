@@ -261,6 +261,10 @@ class SourceWriter(Protocol):
     def rewrite(self, fld: str, value: Any) -> bool:
         """Rewrite every place the file writes ``fld``; True when one of them now states ``value``."""
 
+    def rewrite_site(self, conv: str, span: tuple[int, int, int, int], value: Any) -> None:
+        """Rewrite the literal at ``span`` (read by converter ``conv``) to state ``value``: a statement that sets a
+        field at run time besides the line the parser reads (``patch.overrides.setting_call``)."""
+
     def insert(self, fld: str, value: Any) -> None:
         """Add a place that states ``fld = value`` (the file writes it nowhere yet)."""
 
@@ -317,6 +321,19 @@ class TextWriter:
                 doc.edits.add(a, b, new)
             doc.touched.add(span)
         return stating
+
+    def rewrite_site(self, conv: str, span: tuple[int, int, int, int], value: Any) -> None:
+        """Rewrite the literal at ``span`` (read by converter ``conv``) to state ``value``; PatchError when the
+        value cannot be written in that literal's form."""
+        doc = self.doc
+        a, b, old = _site_text(doc.text, span)
+        out, _ = render_value(conv, value, _original_value(old, doc.read.fmt))
+        if out is INEXPRESSIBLE:
+            raise PatchError(f"{doc.name}: {value!r} cannot be written at line {span[0]} ({old.strip()})")
+        new = render_literal(out, doc.read.fmt, old.strip())
+        if new != old.strip():
+            doc.edits.add(a, b, new)
+        doc.touched.add(tuple(span))
 
     def insert(self, fld: str, value: Any) -> None:
         raise PatchError(f"{self.doc.name}: {fld} is not written in the file and nothing can be "

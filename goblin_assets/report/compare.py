@@ -301,20 +301,39 @@ def _shape(config: ConfigDict, before: RunMetrics) -> str:
 
 def config_markdown(config: ConfigDict) -> list[str]:
     """The report's section on the config as it ran (issue 27): every disagreement between the file and the
-    run, with both values and where each came from; empty when nothing was observed (a replay)."""
+    run, with both values and where each came from, then one table row per observed field (the parsed
+    value beside the observed one); empty when nothing was observed (a replay)."""
     if not config.parsed_provenance:
         return []
     n = len(config.parsed_provenance)
     out = ["## The config as it ran (observed)", ""]
     if not config.disagreements:
-        return out + [f"The run used what the file states for every field both give ({n} fields observed in the "
-                      "running program; rules and the waste budget read the observed values).", ""]
-    out += [f"{len(config.disagreements)} of {n} observed fields differ from the file; rules and the waste budget "
-            "read the value the run used, and no patch is written into a line that does not decide the value:", ""]
-    for d in config.disagreements:
-        out.append(f"- **{d.field}**: the file says `{d.file_value!r}` ({redact(d.file_where)}); the run used "
-                   f"`{d.run_value!r}` ({redact(d.run_where)}). Why: {redact(d.cause)}.")
+        out += [f"The run used what the file states for every field both give ({n} fields observed in the "
+                "running program; rules and the waste budget read the observed values).", ""]
+    else:
+        out += [f"{len(config.disagreements)} of {n} observed fields differ from the file; rules and the waste "
+                "budget read the value the run used, and no patch is written into a line that does not decide "
+                "the value:", ""]
+        for d in config.disagreements:
+            out.append(f"- **{d.field}**: the file says `{d.file_value!r}` ({redact(d.file_where)}); the run used "
+                       f"`{d.run_value!r}` ({redact(d.run_where)}). Why: {redact(d.cause)}." +
+                       (" A patch of this field edits the line that sets the run's value." if d.patchable else
+                        " No patch is written for this field."))
+        out.append("")
+    differ = {d.field for d in config.disagreements}
+    out += ["| field | the file (parsed) | the run (observed) | agree |", "|---|---|---|---|"]
+    for f, prov in config.parsed_provenance.items():
+        run = config.provenance.get(f)
+        said = _cell(prov.kind + (f": {prov.detail}" if prov.detail else ""))
+        out.append(f"| {f} | `{config.parsed.get(f)!r}` ({said}) | `{getattr(config, f)!r}` "
+                   f"({_cell(run.detail if run else '')}) | {'no' if f in differ else 'yes'} |")
     return out + [""]
+
+
+def _cell(text: str, limit: int = 90) -> str:
+    """One table cell of free text: redacted, pipes escaped, cut at ``limit`` characters."""
+    text = redact(text).replace("|", "\\|").replace("\n", " ")
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 def compare_runs(before: RunMetrics, after: RunMetrics, bench: dict[str, BenchmarkResult], patch: Patch,

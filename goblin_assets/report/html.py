@@ -159,6 +159,13 @@ def _verdict_html(rep: AuditReport) -> list[str]:
     return [f'<p class="headline verdict"><b>Verdict: {_e(v.headline)}</b></p>' + items]
 
 
+def _markdown_html(lines: list[str]) -> str:
+    """Markdown lines of the report rendered as HTML (markdown-it, CommonMark plus tables, no raw HTML)."""
+    from markdown_it import MarkdownIt
+
+    return MarkdownIt("commonmark", {"html": False}).enable("table").render("\n".join(lines)) if lines else ""
+
+
 def render_html(rep: AuditReport) -> str:
     """The report as one self-contained HTML page (charts embedded as base64 PNG, no external assets).
 
@@ -166,7 +173,8 @@ def render_html(rep: AuditReport) -> str:
     waste-budget chart (before vs after, stacked by bucket) and the
     throughput chart, the side-by-side metrics, the waste budget table, each
     applied rule with its citation, rules not applied and why, how rules on
-    the same bucket were combined, the diff of the user's file, notes, and
+    the same bucket were combined, the diff of the user's file, the config as it ran
+    (each field where the run's observed value differs from the file), notes, and
     the footer tuple (workload, model, device, ROCm/CUDA version, torch
     version, batch/sequence shape).
     """
@@ -255,6 +263,8 @@ def render_html(rep: AuditReport) -> str:
                   _diff_html(rep.diff),
                   '<p class="muted">Apply it in the workload folder with <code>git apply</code> or '
                   "<code>patch -p1</code>.</p>"]
+    if rep.config_markdown:   # the config as it ran: observed vs parsed, each disagreement (issue 27)
+        parts.append(_markdown_html(rep.config_markdown))
     if rep.tensor_html:
         parts.append(rep.tensor_html)
     if rep.warnings:
@@ -277,9 +287,7 @@ def render_replay_html(rep: ReplayReport) -> str:
     the same page style as :func:`render_html`; nothing is added to it, so the
     page states exactly what the markdown report states.
     """
-    from markdown_it import MarkdownIt
-
-    body = MarkdownIt("commonmark", {"html": False}).enable("table").render(rep.markdown)
+    body = _markdown_html([rep.markdown])
     return "\n".join(["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
                       f"<title>Goblin audit: {_e(rep.workload)} ({_e(rep.provenance)})</title>"
                       f"<style>{_CSS}</style></head><body>", body, "</body></html>"]) + "\n"

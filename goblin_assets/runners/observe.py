@@ -244,6 +244,8 @@ class Observer:
             full = mask.sum(dim=1)
             row["padded_rows"] = int((full < mask.shape[1]).sum())
             row["longest"] = int(full.max()) if full.numel() else 0
+        elif x.dim() == 2 and x.shape[1] >= 2 and not x.dtype.is_floating_point and x.numel():
+            row.update(_trailing_pad(x))
         self.batches.append(row)
 
     def _wrap_backward(self) -> None:
@@ -496,3 +498,22 @@ class Observer:
             threads=self.threads, steps=self.steps, errors=self.errors[:20],
             most_common_backward=collections.Counter(self.backward_per_step[1:] or self.backward_per_step)
             .most_common(1)[0][0] if self.backward_per_step else None)
+
+
+def _trailing_pad(x: torch.Tensor) -> dict:
+    """Padding of a token batch without an attention mask: rows that end in a run of at least two of the
+    same id, that id being the one most such rows end with (the pad id).  ``{}`` when no row does (no
+    padding is seen); else ``padded_rows``, ``longest`` (the widest row without its pad run), ``pad_id``
+    and ``pad_from`` (how it was told)."""
+    ends = x[:, -1]
+    runs = ends[ends == x[:, -2]]
+    if not runs.numel():
+        return {}
+    pad = int(torch.mode(runs).values)
+    is_pad = x == pad
+    # length of each row's trailing run of the pad id
+    trail = torch.flip(is_pad.int(), dims=[1]).cumprod(dim=1).sum(dim=1)
+    padded = trail >= 2
+    longest = int((x.shape[1] - torch.where(padded, trail, torch.zeros_like(trail))).max())
+    return dict(padded_rows=int(padded.sum()), longest=longest, pad_id=pad,
+                pad_from="trailing runs of one id (no attention mask)")

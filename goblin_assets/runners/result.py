@@ -194,7 +194,9 @@ class ObservedAutocast(BaseModel):
 
 class ObservedBatch(BaseModel):
     """The batch field of one of the first batches: ``shape`` and ``dtype``; with a mask, ``padded_rows``
-    (rows with a pad position) and ``longest`` (the longest row's real tokens)."""
+    (rows with a pad position) and ``longest`` (the longest row's real tokens).  A token batch without a
+    mask whose rows end in runs of one id gives the same two from those runs, with ``pad_id`` and
+    ``pad_from`` (how the pad positions were told)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -203,6 +205,8 @@ class ObservedBatch(BaseModel):
     step: int = Field(ge=1)
     padded_rows: int | None = None
     longest: int | None = None
+    pad_id: int | None = None
+    pad_from: str | None = None
 
 
 class ObservedModel(BaseModel):

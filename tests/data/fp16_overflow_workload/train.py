@@ -9,6 +9,9 @@ is silent, only the sketches of the matmul output see it.  Test data for the
 tensor findings' fp16-overflow -> bf16 rule (tests/test_tensor_findings.py).
 """
 import argparse
+import os
+import sys
+from pathlib import Path
 
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -32,4 +35,7 @@ for epoch in range(50):
         opt.zero_grad()
         loss = torch.nn.functional.cross_entropy(model(xb.half()).float(), yb)
         loss.backward()
+        if os.environ.get("OBSERVE_TRUTH"):  # tests only: the settings this loop uses (tests/data/observe_truth.py)
+            sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+            __import__("observe_truth").write(model, loader, opt, xb, accum=1)
         opt.step()

@@ -14,7 +14,9 @@ were written for; ``--healthy`` turns every one off (the checks must stay silent
 """
 import argparse
 import os
+import sys
 import time
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -96,6 +98,7 @@ opt = torch.optim.SGD([{"params": params, "lr": 0.5 / scale}, {"params": [model.
 workers = (len(os.sched_getaffinity(0)) + 1) if broken else 1
 loader = DataLoader(Tokens(32 if broken else 256), batch_size=8, collate_fn=collate, num_workers=workers,
                     persistent_workers=not broken)
+widest = 0
 for epoch in range(100):
     for batch in loader:
         opt.zero_grad()
@@ -104,4 +107,9 @@ for epoch in range(100):
         loss = nn.functional.cross_entropy(logits.float()[:, :-1].reshape(-1, VOCAB),
                                            batch["labels"][:, 1:].reshape(-1))
         (loss * scale).backward()
+        widest = max(widest, batch["input_ids"].shape[1])
+        if os.environ.get("OBSERVE_TRUTH"):  # tests only: the settings this loop uses (tests/data/observe_truth.py)
+            sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+            __import__("observe_truth").write(model, loader, opt, batch["input_ids"], accum=1, seq_len=widest,
+                                              autocast=torch.float16 if broken else None, padding="dynamic")
         opt.step()

@@ -1,5 +1,8 @@
 """A tiny raw PyTorch loop whose every 4th optimizer step sleeps 400 ms (a periodic stall, e.g. a checkpoint save)."""
+import os
+import sys
 import time
+from pathlib import Path
 
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -18,4 +21,7 @@ for epoch in range(50):
             time.sleep(0.4)
         opt.zero_grad()
         torch.nn.functional.cross_entropy(model(xb), yb).backward()
+        if os.environ.get("OBSERVE_TRUTH"):  # tests only: the settings this loop uses (tests/data/observe_truth.py)
+            sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+            __import__("observe_truth").write(model, loader, opt, xb, accum=1)
         opt.step()
