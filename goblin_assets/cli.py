@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 from rich.table import Table
 
-from goblin_assets.cli_common import add_settings_options, complete_audit, console, failure_json, open_session, out
+from goblin_assets.cli_common import add_settings_options, complete_audit, console, open_session, out
 from goblin_assets.errors import GoblinError
 
 
@@ -92,10 +92,11 @@ def cmd_audit(args) -> int:
     else:
         s = open_session(args)
     completed, mlflow_run = complete_audit(s, frames, args.mlflow)
+    tracked = {"mlflow_run_id": mlflow_run} if mlflow_run else {}
     if not completed:
         v = s.verdict()
         if args.json:
-            _print_json(failure_json(s))
+            _print_json({**s.failure_json(), **tracked})
         else:
             out.print("\n".join(_plain_summary(s, None)), highlight=False, markup=False)
         return EXIT_FAIL_ON if _fails_on(v, args.fail_on) else 0
@@ -107,7 +108,7 @@ def cmd_audit(args) -> int:
     if args.json:
         _print_json({**s.to_json(), **({"html_path": str(html_path)} if html_path else {}),
                      **({"trace": trace_note} if trace_note else {}),
-                     **({"mlflow_run_id": mlflow_run} if mlflow_run else {})})
+                     **tracked})
         return code
     if args.plain:
         out.print("\n".join(([trace_note] if trace_note else []) + _plain_summary(s, html_path)), highlight=False,

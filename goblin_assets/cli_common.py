@@ -93,22 +93,13 @@ def open_session(args, with_kb: bool = True, workload=None, log=None, **kw):
                              log=log or (lambda s: console.print(f"[dim]{s}[/dim]", highlight=False)), **kw)
 
 
-def failure_json(s) -> dict:
-    """The ``--json`` object of an audit whose original failed as written (the failure is its finding)."""
-    diag = s.results.get("failure_diagnosis")
-    return {"verdict": s.verdict().model_dump(), "audit_id": s.audit_id, "workload": s.workload.name,
-            "failure": s.results["failure"], "report_path": str(s.report_path),
-            "failure_diagnosis": diag.to_json() if diag is not None else None,
-            "fired_rules": [m.rule_id for m in s.results.get("failure_matches") or [] if m.fired],
-            "not_observable": dict(s.not_observable)}
-
-
 def complete_audit(s, frames: dict | None = None, mlflow: str | None = None) -> tuple[bool, str | None]:
     """Run every stage of session ``s``, write its rows (and ``frames``) to the warehouse, log it to MLflow.
 
     What ``goblin audit`` and the ``audit`` tool of ``goblin mcp`` do.  Returns (completed, MLflow run id):
-    completed is False when the original failed as written (:func:`failure_json`; nothing is written then),
-    the run id is None without a tracking URI (``mlflow`` or ``$GOBLIN_MLFLOW_TRACKING_URI``).
+    completed is False when the original failed as written (:meth:`AuditSession.failure_json`; no warehouse
+    row is written then, and the MLflow run holds the failure: its diagnosis, report and verdict), the run
+    id is None without a tracking URI (``mlflow`` or ``$GOBLIN_MLFLOW_TRACKING_URI``).
 
     Raises the stages' GoblinErrors (a run of the patch failing included) and
     :class:`~goblin_assets.tracking.mlflow_run.TrackingError`.
@@ -122,7 +113,7 @@ def complete_audit(s, frames: dict | None = None, mlflow: str | None = None) -> 
     except RunFailed:
         if not s.results.get("failure"):  # a run of the patch failing is the audit's own error
             raise
-        return False, None  # the original failed as written: that is the audit's finding, with its report
+        return False, log_audit(s, mlflow)  # the original failed as written: the audit's finding, with its report
     counts = write({**s.frames(), **(frames or {})})
     console.print(f"[dim]warehouse: {sum(counts.values())} rows in {len(counts)} tables[/dim]")
     return True, log_audit(s, mlflow)

@@ -57,6 +57,22 @@ def dagster_resources(db: Path, **runner_settings) -> dict:
             "warehouse": WarehouseResource(duckdb=DuckDBResource(database=str(db)))}
 
 
+def conversation_inputs(s) -> dict:
+    """The upstream values of the ``audit_conversation`` asset, taken from a finished audit session ``s``.
+
+    The benchmark outputs are as the ``benchmarks`` asset yields them: ``benchmark_baseline`` None and
+    ``benchmark_patched`` ``(None, None)`` when nothing was benchmarked (no rule fired, or the patch changes
+    nothing), else the baseline arm and ``(patched arm, patched run, patch measured)``.
+    """
+    from goblin_assets.kb.rules import load_kb
+
+    bench = s.benchmarks()
+    return dict(audit_report=s.audit_report(), training_config=s.training_config(), profile_run=s.profile_run(),
+                kb_matches=s.kb_matches(), patch=s.patch(), workload_source=s.workload, kb_rules=load_kb(),
+                benchmark_baseline=bench["baseline"] if bench else None,
+                benchmark_patched=(bench["patched"], s.patched_run(), s.patch()) if bench else (None, None))
+
+
 @pytest.fixture
 def goblin_home(tmp_path, monkeypatch) -> Path:
     home = tmp_path / "goblin_home"

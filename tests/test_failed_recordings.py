@@ -124,3 +124,64 @@ def test_a_memory_snapshot_beside_a_failed_recording_joins_its_report(goblin_hom
     assert "## Memory snapshot" not in Path(doc["report_path"]).read_text(encoding="utf-8")
     assert doc["failure_diagnosis"]["failure_class"] == "out_of_memory"
     assert "oom.pickle: not a memory snapshot pickle" in doc["not_observable"]["memory_snapshot"]
+
+
+#: The cheapest failed original: a recording (nothing runs) of a run that ran out of memory.
+OOM = REPO / "tests" / "data" / "failed_runs" / "lora_vit_6_oom"
+
+
+def _check_failure_run(uri: str, run_id: str, audit_id: str, dl: Path) -> None:
+    """The MLflow run of OOM's failed original, read back with MLflow's own client: the parsed config as parameters,
+    the failure's class and the verdict as tags, its report and the ``--json`` result as artifacts."""
+    from mlflow import MlflowClient
+
+    from goblin_assets.contracts import CONFIG_FIELDS
+
+    client = MlflowClient(tracking_uri=uri)
+    run = client.get_run(run_id)
+    params, tags = run.data.params, run.data.tags
+    assert run.info.status == "FINISHED" and set(params) == set(CONFIG_FIELDS)
+    assert tags["goblin.audit_id"] == audit_id and tags["goblin.workload"] == OOM.name
+    assert tags["goblin.failure_class"] == "out_of_memory" and tags["goblin.verdict_status"] == "failed"
+    assert tags["goblin.healthy"] == "false" and "memory.out_of_memory_failure" in tags["goblin.rules"].split(",")
+    assert tags["goblin.verdict"].startswith("the original program failed as written")
+    assert {a.path for a in client.list_artifacts(run_id)} == {"report.md", "result.json"}
+    dl.mkdir(parents=True, exist_ok=True)
+    result = json.loads(Path(client.download_artifacts(run_id, "result.json", str(dl))).read_text(encoding="utf-8"))
+    assert result["audit_id"] == audit_id and result["failure_diagnosis"]["failure_class"] == "out_of_memory"
+    assert result["verdict"]["headline"] == tags["goblin.verdict"]
+    report = Path(client.download_artifacts(run_id, "report.md", str(dl))).read_text(encoding="utf-8")
+    assert "## Diagnosis" in report and "class `out_of_memory`" in report
+
+
+def test_goblin_audit_logs_a_failed_original_to_mlflow(goblin_home, tmp_path, capsys):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert main(["audit", str(OOM), "--json", "--mlflow", uri]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["verdict"]["status"] == "failed" and doc["mlflow_run_id"]
+    _check_failure_run(uri, doc["mlflow_run_id"], doc["audit_id"], tmp_path / "dl")
+
+
+def test_the_dagster_profile_run_logs_a_failed_original_the_same_way(tmp_path, monkeypatch):
+    """``$GOBLIN_MLFLOW_TRACKING_URI`` and the Dagster profile_run step on OOM's partition: the step succeeds (the
+    failure is the audit's finding), its observation carries the MLflow run id, and the run is goblin audit's."""
+    import dagster as dg
+
+    from goblin_assets.definitions import defs
+    from goblin_assets.defs.partitions import workloads_partitions
+    from tests.conftest import dagster_resources
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("GOBLIN_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("GOBLIN_WORKLOADS", str(OOM.parent))
+    monkeypatch.setenv("GOBLIN_MLFLOW_TRACKING_URI", uri)
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions(workloads_partitions.name, [OOM.name])
+    res = dg.materialize(list(defs.assets), selection=["workload_source", "profile_run"], partition_key=OOM.name,
+                         instance=instance, resources=dagster_resources(tmp_path / "wh.duckdb"))
+    assert res.success
+    (obs,) = res.asset_observations_for_node("profile_run")
+    meta = obs.metadata
+    assert meta["verdict_status"].value == "failed" and meta["failure_class"].value == "out_of_memory"
+    audit_id = Path(meta["report_path"].value).parent.name    # $GOBLIN_HOME/audits/<audit_id>/report.md
+    _check_failure_run(uri, meta["mlflow_run_id"].value, audit_id, tmp_path / "dl")

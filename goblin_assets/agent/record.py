@@ -6,6 +6,10 @@ that measured something (:func:`audits_of`) is an audit of its own, with its own
 each one ran and runs nothing: a conversation that stopped early (a failed tool, a model that asked
 for less) records what it measured, and one that ran every stage records exactly what
 :meth:`AuditSession.frames` holds.
+
+``goblin chat`` writes :func:`conversation_frames` (its session is the conversation's own audit); the
+Dagster ``audit_conversation`` asset, whose session is seeded with the partition's audit (already written
+by the audit steps), writes :func:`what_if_frames`: the measured what-if children only.
 """
 from __future__ import annotations
 
@@ -41,3 +45,13 @@ def conversation_frames(session: AuditSession) -> dict[str, pd.DataFrame]:
     Empty when nothing was measured (the conversation stopped before the profiled run).
     """
     return join_frames(ran_frames(s) for s in audits_of(session))
+
+
+def what_if_frames(session: AuditSession) -> dict[str, pd.DataFrame]:
+    """The rows of the conversation's measured what-if children only (:func:`audits_of` less ``session``), by
+    table, for one warehouse write: what a conversation over an audit already recorded adds to the warehouse.
+
+    Each child's rows carry its own ``audit_id`` (and run ids derived from it).  Empty when no what-if measured
+    a run (none was asked, or the workload is a replay).  Runs no stage.
+    """
+    return join_frames(ran_frames(s) for s in audits_of(session) if s is not session)

@@ -912,6 +912,21 @@ class AuditSession:
             "tensor_findings": self.tensor_findings().to_json(),
         }
 
+    def failure_json(self) -> dict[str, Any]:
+        """The ``goblin audit --json`` object of an audit whose original failed as written (the failure is its
+        finding; :attr:`results` ``failure`` is set): ``verdict``, ``audit_id``, ``workload``, ``failure`` (the
+        one-line reason), ``report_path``, ``failure_diagnosis`` (:meth:`FailureDiagnosis.to_json`, None when
+        the failure was not diagnosed), ``fired_rules`` (the rules that match the failure) and ``not_observable``.
+
+        Raises KeyError when the original did not fail.
+        """
+        diag = self.results.get("failure_diagnosis")
+        return {"verdict": self.verdict().model_dump(), "audit_id": self.audit_id, "workload": self.workload.name,
+                "failure": self.results["failure"], "report_path": str(self.report_path),
+                "failure_diagnosis": diag.to_json() if diag is not None else None,
+                "fired_rules": [m.rule_id for m in self.results.get("failure_matches") or [] if m.fired],
+                "not_observable": dict(self.not_observable)}
+
     def write_html(self, path: Path) -> Path:
         """The report as one self-contained HTML file at ``path``; returns it."""
         return write_html(self.audit_report(), path)

@@ -112,14 +112,17 @@ def _failed_original(context: dg.AssetExecutionContext, s: AuditSession):
 
     The failure is the audit's finding: its report is written (report.md with the diagnosis and the rules that
     match the failure), an observation of ``profile_run`` carries the verdict, and no output is yielded, so the
-    stages that need a run are skipped, not failed: the run succeeds (what ``goblin audit`` exit 0 is).
+    stages that need a run are skipped, not failed: the run succeeds (what ``goblin audit`` exit 0 is).  With
+    ``$GOBLIN_MLFLOW_TRACKING_URI`` the failure is logged as one MLflow run (tracking/mlflow_run.py, as
+    ``goblin audit`` logs it); its id is in the observation.
     """
     v, diag = s.verdict(), s.results.get("failure_diagnosis")
     fired = [m.rule_id for m in s.results.get("failure_matches") or [] if m.fired]
     report = s.report_path.read_text(encoding="utf-8") if s.report_path else ""
     context.log.info(f"profile_run: {v.headline}")
+    mlflow_run = log_audit(s)
     yield dg.AssetObservation(asset_key=context.asset_key, partition=context.partition_key, metadata={
-        "verdict": v.headline, "verdict_status": v.status, "healthy": v.healthy,
+        **({"mlflow_run_id": mlflow_run} if mlflow_run else {}), "verdict": v.headline, "verdict_status": v.status, "healthy": v.healthy,
         "failure_class": diag.failure_class if diag is not None else "unknown",
         "fired_rules": dg.MetadataValue.json(fired), "report": dg.MetadataValue.md(report),
         "report_path": dg.MetadataValue.path(str(s.report_path))})

@@ -166,13 +166,14 @@ COSTS: dict[str, str] = {
 
 def _audit(sessions: Sessions):
     def run(arguments: dict[str, Any], log: Log) -> tuple[dict[str, Any], str]:
-        from goblin_assets.cli_common import complete_audit, failure_json, open_session
+        from goblin_assets.cli_common import complete_audit, open_session
 
         s = open_session(sessions.args(arguments), log=log)
         completed, mlflow_run = complete_audit(s, mlflow=sessions.mlflow)
-        if not completed:
-            return failure_json(s), f"{s.verdict().headline}; report {s.report_path}"
-        doc = {**s.to_json(), **({"mlflow_run_id": mlflow_run} if mlflow_run else {})}
+        tracked = {"mlflow_run_id": mlflow_run} if mlflow_run else {}
+        if not completed:   # the original failed as written: its diagnosis (logged to MLflow too)
+            return {**s.failure_json(), **tracked}, f"{s.verdict().headline}; report {s.report_path}"
+        doc = {**s.to_json(), **tracked}
         speed = doc["measured_speedup"]
         return doc, (f"{s.verdict().headline}; rules: {', '.join(doc['rules']) or 'none'}; measured speedup "
                      + (f"{speed:.2f}x" if speed is not None else "not observable") + f"; report {s.report_path}")

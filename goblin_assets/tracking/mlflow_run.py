@@ -24,12 +24,29 @@ What is logged (MLflow tracking API: ``log_params``, ``set_tags``,
   ``mfu_pct``, ``mem_peak_gb`` (each of the original; ``patched_*`` of the patched run);
 - artifacts: report.md, report.html, report.png and patch.diff from the
   audit's folder (those that exist), and the profiler traces of the original
-  and patched runs under ``traces/original/`` and ``traces/patched/``; text files are uploaded redacted.
+  and patched runs under ``traces/original/`` and ``traces/patched/``; text files are uploaded redacted;
+- tags of every audit: ``goblin.audit_id``, ``goblin.workload``, ``goblin.verdict`` (the headline),
+  ``goblin.verdict_status`` (report/verdict.py's status: ``failed``, ``hung``, ``improved`` ...) and
+  ``goblin.healthy`` (``true``/``false``).
+
+An audit whose original program failed as written (out of memory, a crash, a
+hang; the failure is the audit's finding, nothing after it ran) is logged
+too, by the same :func:`log_audit` (``goblin audit``, the ``audit`` tool of
+``goblin mcp`` and the Dagster ``profile_run`` step): parameters and
+provenance tags of the parsed config (nothing observed it run), tags
+``goblin.failure_class`` (measure/failure.py's class, ``unknown`` when
+nothing named it), ``goblin.failure_kind`` (``failed`` or ``hung``),
+``goblin.failure`` (the one-line reason) and ``goblin.rules`` (the rules that
+match the failure); metrics ``failure_exit_status`` and
+``failure_steps_completed`` where known; artifacts report.md (the diagnosis)
+and ``result.json`` (the ``--json`` object, :meth:`AuditSession.failure_json`).
+The MLflow run itself ends ``FINISHED``: the audit finished, its verdict says the program failed.
 
 Strings are redacted (goblin_assets/redact.py) before they leave the machine.
 """
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 import time
@@ -73,12 +90,19 @@ def artifact_root(uri: str) -> str | None:
     return (Path(uri[len("sqlite:///"):]).resolve().parent / "mlruns").as_uri()
 
 
+def failed_original(s: AuditSession) -> bool:
+    """True when the session's original program failed as written (:attr:`AuditSession.results` ``failure``)."""
+    return bool(s.results.get("failure"))
+
+
 def audit_params(s: AuditSession) -> tuple[dict[str, str], dict[str, str]]:
     """(parameters, provenance tags) of the config as it ran (:meth:`AuditSession.effective_config`: observed
-    values over the parsed ones, as ``--json``'s ``config``): every field, ``undetermined`` when unset."""
+    values over the parsed ones, as ``--json``'s ``config``; the parsed config when the original failed as
+    written): every field, ``undetermined`` when unset."""
     from goblin_assets.contracts import CONFIG_FIELDS
 
-    cfg = s.effective_config()
+    # a failed original was never observed running: its config is the parsed one (effective_config would run it)
+    cfg = s.training_config() if failed_original(s) else s.effective_config()
     params = {f: "undetermined" if v is None else redact(str(v))[:MAX_PARAM_CHARS] for f, v in cfg.values().items()}
     tags = {f"goblin.provenance.{f}": cfg.provenance[f].kind if f in cfg.provenance else "unset"
             for f in CONFIG_FIELDS}
@@ -121,6 +145,42 @@ def audit_artifacts(s: AuditSession) -> list[tuple[Path, str | None]]:
     return files
 
 
+def audit_tags(s: AuditSession) -> dict[str, str]:
+    """The run's ``goblin.*`` tags and run name (names in the module docstring), unredacted: the verdict, and
+    either the failure (class, kind, reason, matching rules) or the numbers' provenance and the applied rules."""
+    v = s.verdict()
+    tags = {"goblin.audit_id": s.audit_id, "goblin.workload": s.workload.name, "goblin.verdict": v.headline,
+            "goblin.verdict_status": v.status, "goblin.healthy": str(v.healthy).lower(),
+            "mlflow.runName": f"goblin audit {s.workload.name}"}
+    if failed_original(s):
+        diag = s.results.get("failure_diagnosis")
+        fired = [m.rule_id for m in s.results.get("failure_matches") or [] if m.fired]
+        return tags | {"goblin.failure_class": diag.failure_class if diag is not None else "unknown",
+                       "goblin.failure_kind": s.results.get("failure_kind", "failed"),
+                       "goblin.failure": s.results["failure"][:MAX_PARAM_CHARS],
+                       "goblin.rules": ",".join(fired) or "none"}
+    return tags | {"goblin.numbers": s.profile_run().provenance.kind,
+                   "goblin.rules": ",".join(a.rule_id for a in s.patch().applied) or "none"}
+
+
+def failure_metrics(s: AuditSession) -> dict[str, float]:
+    """A failed original's numbers: ``failure_exit_status`` and ``failure_steps_completed`` where the
+    diagnosis knows them (measure/failure.py); empty otherwise.  Nothing else was measured."""
+    diag = s.results.get("failure_diagnosis")
+    out = {"failure_exit_status": getattr(diag, "exit_status", None),
+           "failure_steps_completed": getattr(diag, "last_step", None)}
+    return {k: float(v) for k, v in out.items() if v is not None}
+
+
+def failure_artifacts(s: AuditSession, tmp: Path) -> list[tuple[Path, str | None]]:
+    """(file, artifact folder) pairs of a failed original: its report.md (the diagnosis) when written, and
+    ``result.json`` (:meth:`AuditSession.failure_json`, written into ``tmp``)."""
+    result = tmp / "result.json"
+    result.write_text(json.dumps(s.failure_json(), indent=2, default=str), encoding="utf-8")
+    report = s.report_path
+    return [*([(Path(report), None)] if report is not None and Path(report).is_file() else []), (result, None)]
+
+
 def _redacted_copy(path: Path, tmp: Path) -> Path:
     """``path`` itself when binary (report.png, a gzipped trace), else a redacted copy of its text in ``tmp``."""
     if path.suffix not in TEXT_SUFFIXES:
@@ -132,6 +192,9 @@ def _redacted_copy(path: Path, tmp: Path) -> Path:
 
 def log_audit(s: AuditSession, uri: str | None = None, parent_run_id: str | None = None) -> str | None:
     """Log the session's finished audit as one MLflow run; returns its run id (None when no URI is set).
+
+    A finished audit is one whose every stage ran, or whose original program failed as written (the failure
+    logged as the module docstring says); either way nothing is run here.
 
     ``uri``: the tracking URI (default :func:`tracking_uri`); a local folder
     or ``sqlite:///file.db`` needs no server.  ``parent_run_id`` (default
@@ -155,11 +218,9 @@ def log_audit(s: AuditSession, uri: str | None = None, parent_run_id: str | None
                             "(pip install 'goblin-assets[tracking]')") from None
     parent = parent_run_id or os.environ.get(PARENT_ENV) or None
     params, tags = audit_params(s)
-    v = s.verdict()
-    tags |= {"goblin.audit_id": s.audit_id, "goblin.workload": s.workload.name, "goblin.verdict": v.headline,
-             "goblin.numbers": s.profile_run().provenance.kind,
-             "goblin.rules": ",".join(a.rule_id for a in s.patch().applied) or "none",
-             "mlflow.runName": f"goblin audit {s.workload.name}"}
+    tags |= audit_tags(s)
+    failed = failed_original(s)
+    metrics = failure_metrics(s) if failed else audit_metrics(s)
     try:
         client = MlflowClient(tracking_uri=uri)
         if parent:
@@ -176,10 +237,11 @@ def log_audit(s: AuditSession, uri: str | None = None, parent_run_id: str | None
 
         now_ms = int(time.time() * 1e3)
         client.log_batch(rid, params=[Param(k, p) for k, p in params.items()],
-                         metrics=[Metric(k, val, now_ms, 0) for k, val in audit_metrics(s).items()])
+                         metrics=[Metric(k, val, now_ms, 0) for k, val in metrics.items()])
         with tempfile.TemporaryDirectory(prefix="goblin_mlflow_") as tmp:
-            for path, folder in audit_artifacts(s):
-                client.log_artifact(rid, str(_redacted_copy(path, Path(tmp))), artifact_path=folder)
+            (Path(tmp) / "redacted").mkdir()
+            for path, folder in failure_artifacts(s, Path(tmp)) if failed else audit_artifacts(s):
+                client.log_artifact(rid, str(_redacted_copy(path, Path(tmp) / "redacted")), artifact_path=folder)
         client.set_terminated(rid, "FINISHED")
     except (MlflowException, OSError) as exc:
         raise TrackingError(f"MLflow {redact(uri)}: cannot log the audit: {str(exc).splitlines()[0]}") from None
