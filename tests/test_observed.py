@@ -123,6 +123,27 @@ def test_digits_every_field_observed(digits_profile):
 
 
 @pytest.mark.slow
+def test_digits_every_field_observed_equals_what_its_loop_used(tmp_path):
+    """The shipped digits_mlp, copied with one line added before ``optimizer.step()`` that writes what the loop
+    uses from its own objects (tests/data/observe_truth.py; the shipped file carries no test hook): every field
+    the harness observed in the same run equals it."""
+    import shutil
+
+    copy = tmp_path / "digits_mlp"
+    shutil.copytree(WORKLOADS / "digits_mlp", copy, ignore=shutil.ignore_patterns("__pycache__"))
+    train = copy / "train.py"
+    step = "            optimizer.step()\n"
+    text = train.read_text()
+    assert text.count(step) == 1, "digits_mlp's loop changed: put the truth line before its optimizer step"
+    hook = (f"            __import__('sys').path.insert(0, {str(REPO / 'tests' / 'data')!r}); "
+            "__import__('observe_truth').write(model, loader, optimizer, x, accum=1)\n")
+    train.write_text(text.replace(step, hook + step))
+    m, truth = truth_run(copy, tmp_path / "home", steps=2, warmup=1)
+    observed_equals_truth(m, truth)
+    assert truth["batch_size"] == 64 and truth["optimizer"] == "SGD"
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("name,precision", [("tiny_workload", "fp32"), ("fp16_overflow_workload", "fp16")])
 def test_test_workloads_every_field_observed(tmp_path, name, precision):
     """The runnable test workloads (half_workload: tests/test_evidence.py, on its audit's run; MiniLM:
@@ -151,6 +172,14 @@ def observed_equals_trainer(m) -> None:
     assert obs["lora_rank"] == ad["r"] and ad["target_modules"] == ["query", "value"]
     assert obs["seq_len"] == pytest.approx(m.tokens_per_sec / m.samples_per_sec)   # tokens per sample, counted
     assert (obs["attention_impl"], obs["padding"], obs["precision"]) == ("eager", "max_length", "fp32")
+    # the rest of the fields, each against the Trainer's, the model's or torch's own value read in the run
+    assert obs["precision"] == ("bf16" if ta["bf16"] else "fp16" if ta["fp16"] else "fp32")
+    assert obs["optimizer"] == ta["optim"] and obs["dataloader_workers"] == ta["dataloader_num_workers"]
+    assert obs["gradient_checkpointing"] == ta["gradient_checkpointing"] == m.observed["model"]["gradient_checkpointing"]
+    assert obs["group_by_length"] == (bool(ta.get("group_by_length"))
+                                      or ta.get("train_sampling_strategy") == "group_by_length")
+    assert obs["model_name"] == m.observed["model"]["name_or_path"]      # the model object's own name_or_path
+    assert obs["intra_op_threads"] == m.observed["threads"]              # torch.get_num_threads() in the run
 
 
 SETS_AT_RUN_TIME = '''import argparse

@@ -155,6 +155,8 @@ class AuditReport(BaseModel):
     hazards: list[HazardNote] = Field(default_factory=list)
     signals: list[Signal] = Field(default_factory=list)
     invariants: list[Invariant] = Field(default_factory=list)
+    #: The original run's steps past 1.5x the median step (RunMetrics.step_outliers, measure/step_outliers.py).
+    step_outliers: list[dict] = Field(default_factory=list)
     verdict: Verdict | None = None
 
 
@@ -425,5 +427,5 @@ def compare_runs(before: RunMetrics, after: RunMetrics, bench: dict[str, Benchma
         config_markdown=config_markdown(config),
         tensor_html=tensors.html() if tensors is not None else "",
         python=python, packages=dict(packages or {}), hazards=list(hazards or []), signals=list(before.signals or []),
-        invariants=list(before.invariants or []), verdict=verdict,
+        invariants=list(before.invariants or []), step_outliers=list(before.step_outliers or []), verdict=verdict,
     )

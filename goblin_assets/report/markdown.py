@@ -47,6 +47,20 @@ def invariants_markdown(invariants) -> list[str]:
     return out
 
 
+def outliers_markdown(outliers: list[dict]) -> list[str]:
+    """The original run's outlier steps (:func:`goblin_assets.measure.step_outliers.outlier_steps`: past 1.5x the
+    median step, TraceLens's criterion) after the warm-up as a markdown table: step, seconds, ratio to the median
+    and the bucket that grew most (``not_observable`` for a step the profiler did not record).  A slow warm-up
+    step is expected (allocation, autotuning, caches) and is not listed.  Empty when none."""
+    measured = [o for o in outliers if o.get("phase") == "measured"]
+    if not measured:
+        return []
+    out = ["## Outlier steps (original run, past 1.5x the median step)", "",
+           "| step | time | × median | cause |", "|---|---|---|---|"]
+    out += [f"| {o['step']} | {o['time_s'] * 1e3:.1f} ms | {o['ratio']:.1f}x | {o['cause']} |" for o in measured]
+    return [*out, ""]
+
+
 def signals_markdown(signals) -> list[str]:
     """The run's own signals (deduplicated warnings, stderr lines, loss and gradient records) as markdown lines."""
     if not signals:
@@ -218,7 +232,8 @@ def render_markdown(rep: AuditReport, chart_name: str | None = None) -> str:
         status = bc.before_status if bc.before_status == bc.after_status else f"{bc.before_status} / {bc.after_status}"
         out.append(f"| {bc.bucket} | {bc.before_s * 1e3:.2f} ms | {bc.before_share:.0%} | {bc.after_s * 1e3:.2f} ms | "
                    f"{bc.after_share:.0%} | {status} |")
-    out += ["", *signals_markdown(rep.signals), *invariants_markdown(rep.invariants), *rep.tensor_markdown,
+    out += ["", *outliers_markdown(rep.step_outliers), *signals_markdown(rep.signals),
+            *invariants_markdown(rep.invariants), *rep.tensor_markdown,
             *rep.trace_diff_markdown]
     if rep.warnings:
         out += ["## Notes", "", *[f"- {w}" for w in rep.warnings], ""]
