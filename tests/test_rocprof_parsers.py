@@ -275,3 +275,23 @@ def test_profile_run_merges_rocprof_and_amd_smi(tmp_path, monkeypatch):
     assert m.mem_avg_gb is not None and "mem_avg_gb" not in m.not_observable
     assert m.memory_headroom_gb is not None and m.memory_headroom_gb > 0
     assert sum(b.seconds for b in m.waste_budget.values()) == pytest.approx(m.step_time_s, rel=0.05)
+
+
+@pytest.mark.slow
+def test_a_hung_run_under_rocprofv3_is_stopped_by_the_stall_watch(tmp_path, monkeypatch):
+    """The dead-producer loop under a pass-through rocprofv3 (the tool's process stays between the runner and
+    Python): the stall watch stops it well inside the timeout, with the main thread's waiting line."""
+    from goblin_assets.measure.hang import read_hang_state
+
+    monkeypatch.setenv("GOBLIN_HOME", str(tmp_path / "home"))
+    passthrough = tmp_path / "rocprofv3"
+    passthrough.write_text(f"#!{sys.executable}\nimport subprocess, sys\nargs = sys.argv[1:]\n"
+                           "sys.exit(subprocess.call(args[args.index('--') + 1:]))\n")
+    passthrough.chmod(0o755)
+    runner = RocprofRunner(device="cpu", timeout_s=60, rocprofv3=str(passthrough), amd_smi=str(tmp_path / "none"),
+                           stall_min_s=3.0)
+    wl = Path(__file__).resolve().parent / "data" / "broken" / "dead_producer"
+    raw = runner.run(load_workload(wl), "profile", steps=10, warmup=2)
+    assert not raw.ok and raw.failure.startswith("train.py: hung: no optimizer step finished in "), raw.failure
+    assert "the main thread waits on a queue at train.py:32" in raw.failure, raw.failure
+    assert raw.wall_s < 60 and read_hang_state(raw.run_dir).stopped_by == "stall"

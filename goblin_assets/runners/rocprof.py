@@ -44,6 +44,7 @@ from goblin_assets.runners.base import ToolMissingError
 from goblin_assets.runners.categories import classify, is_fused_attention
 from goblin_assets.runners.local import LocalRunner
 from goblin_assets.runners.result import Mode, RawRun
+from goblin_assets.runners.stall import STALL_FACTOR, STALL_MIN_S
 from goblin_assets.runners.trace import union_length
 from goblin_assets.runners.workload import Workload
 
@@ -472,8 +473,11 @@ class RocprofRunner(LocalRunner):
 
     Parameters
     ----------
-    device, timeout_s, python:
-        As :class:`~goblin_assets.runners.local.LocalRunner`.
+    device, timeout_s, python, stall_factor, stall_min_s:
+        As :class:`~goblin_assets.runners.local.LocalRunner`: the same stall
+        watch stops a hung run under rocprofv3 (the dump signal goes to the
+        whole process group, so the Python child under the tool dumps its
+        stacks; the tool itself is then killed with the group).
     mem_cap_gb:
         Address-space cap of the child (GB).  Default None: the ROCm runtime
         reserves large virtual address ranges, so an ``RLIMIT_AS`` cap sized
@@ -497,8 +501,10 @@ class RocprofRunner(LocalRunner):
 
     def __init__(self, device: str = "auto", timeout_s: float = 600.0, mem_cap_gb: float | None = None,
                  python: str | None = None, rocprofv3: str | None = None, amd_smi: str | None = None,
-                 smi_interval_s: float = 1.0, gpu: int | None = None):
-        super().__init__(device=device, timeout_s=timeout_s, mem_cap_gb=mem_cap_gb, python=python)
+                 smi_interval_s: float = 1.0, gpu: int | None = None, stall_factor: float = STALL_FACTOR,
+                 stall_min_s: float = STALL_MIN_S):
+        super().__init__(device=device, timeout_s=timeout_s, mem_cap_gb=mem_cap_gb, python=python,
+                         stall_factor=stall_factor, stall_min_s=stall_min_s)
         self.rocprofv3 = find_tool("rocprofv3", rocprofv3)
         if self.rocprofv3 is None:
             raise ToolMissingError(rocprofv3 or "rocprofv3",
