@@ -144,10 +144,11 @@ def test_digits_every_field_observed_equals_what_its_loop_used(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name,precision", [("tiny_workload", "fp32"), ("fp16_overflow_workload", "fp16")])
+@pytest.mark.parametrize("name,precision", [("tiny_workload", "fp32"), ("fp16_overflow_workload", "fp16"),
+                                            ("half_workload", "fp16")])
 def test_test_workloads_every_field_observed(tmp_path, name, precision):
-    """The runnable test workloads (half_workload: tests/test_evidence.py, on its audit's run; MiniLM:
-    tests/test_minilm_audit.py; sleepy_workload, invariant_workload: their own tests' runs): every field
+    """The runnable test workloads (MiniLM: tests/test_minilm_audit.py; digits_mlp, docstring_lm_oom: above;
+    sleepy_workload, invariant_workload: their own tests' runs): every field
     observed, equal to what the loop wrote it used; batch and accumulation also equal the harness's own counts,
     precision the dtype the stepped parameters really had (``model.half()``: float16, no autocast)."""
     m, truth = truth_run(REPO / "tests" / "data" / name, tmp_path, steps=2, warmup=1)

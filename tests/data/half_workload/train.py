@@ -8,6 +8,9 @@ large learning rate drives an activation past fp16's range: measured on CPU
 is NaN from then on.  Test data for the "Non-finite values" evidence.
 """
 import argparse
+import os
+import sys
+from pathlib import Path
 
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -30,4 +33,7 @@ for epoch in range(50):
         opt.zero_grad()
         loss = torch.nn.functional.cross_entropy(model(xb.half()), yb)
         loss.backward()
+        if os.environ.get("OBSERVE_TRUTH"):  # tests only: the settings this loop uses (tests/data/observe_truth.py)
+            sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+            __import__("observe_truth").write(model, loader, opt, xb, accum=1)
         opt.step()
