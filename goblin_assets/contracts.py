@@ -79,7 +79,7 @@ class Disagreement(BaseModel):
     sets the winning value, as far as the audit can tell; ``why`` one
     sentence naming both values and the cause.  ``set_at`` is the statement of the program that
     sets the run's value, when the audit found one (an assignment or call in the entry script,
-    ``patch.overrides.setting_call``); None when the value comes from a place the parser cannot
+    ``config.overrides.setting_call``); None when the value comes from a place the parser cannot
     see (the workload's arguments, a value computed at run time).  ``patchable`` is True only when
     that statement states the value as a literal in the file the patch writes, so the patch
     writer rewrites it together with the file's line; else a patch of the file's line would

@@ -213,7 +213,7 @@ def _record(batch: int, threads: int, checkpointing: bool, lr: float) -> dict:
 
 def test_patchable_says_whether_the_writer_can_edit_the_place_that_wins(tmp_path):
     """A disagreement is patchable only when a literal statement of the parsed script sets the run's value
-    (``patch.overrides.setting_call``); a call that pulls a lever, a statement in another file than the one
+    (``config.overrides.setting_call``); a call that pulls a lever, a statement in another file than the one
     the patch writes, or a value no statement states is reported as set where the patch cannot write."""
     src = tmp_path / "train.py"
     src.write_text(SETS_AT_RUN_TIME)

@@ -48,7 +48,7 @@ from goblin_assets.config import fields as F
 from goblin_assets.config.mapping import map_by_name
 from goblin_assets.config.shell import scan_text
 from goblin_assets.contracts import CONFIG_FIELDS, ConfigDict, Disagreement, Provenance
-from goblin_assets.patch.overrides import setting_call
+from goblin_assets.config.overrides import setting_call
 
 #: transformers ``_attn_implementation`` -> ConfigDict ``attention_impl``.
 _ATTN = {"sdpa": "sdpa", "eager": "eager", "flash_attention_2": "flash", "flash_attention_3": "flash",
@@ -330,7 +330,7 @@ def effective_config(cfg: ConfigDict, record: dict[str, Any] | None, *, args: li
     source
         The program that ran (the workload's entry script): read for the
         statement that sets each disagreeing field's run value
-        (:func:`~goblin_assets.patch.overrides.setting_call`).  None: no
+        (:func:`~goblin_assets.config.overrides.setting_call`).  None: no
         statement is looked for, and no disagreement is patchable.
 
     Returns

@@ -60,7 +60,7 @@ from goblin_assets.patch.changeset import (
     companions_for,
     resolve_changes,
 )
-from goblin_assets.patch.overrides import overriding_call, setting_call
+from goblin_assets.config.overrides import overriding_call, setting_call
 from goblin_assets.patch.source_edit import Document, SourceWriter, TextWriter, installed_packages
 from goblin_assets.patch.write_mapping import JsonWriter, YamlWriter
 from goblin_assets.patch.write_python import PythonWriter

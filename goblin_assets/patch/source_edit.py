@@ -263,7 +263,7 @@ class SourceWriter(Protocol):
 
     def rewrite_site(self, conv: str, span: tuple[int, int, int, int], value: Any) -> None:
         """Rewrite the literal at ``span`` (read by converter ``conv``) to state ``value``: a statement that sets a
-        field at run time besides the line the parser reads (``patch.overrides.setting_call``)."""
+        field at run time besides the line the parser reads (``config.overrides.setting_call``)."""
 
     def insert(self, fld: str, value: Any) -> None:
         """Add a place that states ``fld = value`` (the file writes it nowhere yet)."""
