@@ -260,3 +260,17 @@ def test_no_room_holds_more_than_a_quarter_of_the_code():
     total = sum(lines.values())
     big = {room: f"{n / total:.0%}" for room, n in lines.items() if n > 0.25 * total}
     assert not big, f"packages over a quarter of the {total} lines: {big}"
+
+
+def test_the_dagster_definitions_load_without_torch():
+    """Every Dagster step process, code server and CLI audit imports the definitions or the session; torch is
+    the training program's (it runs in the harness's child) and costs about 1.2 s per process to import, so
+    the orchestration side never loads it at import time (a module that needs it imports it where it runs)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, goblin_assets.definitions, goblin_assets.cli, goblin_assets.audit.session\n"
+            "print(sorted(m for m in ('torch', 'transformers', 'peft', 'matplotlib') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "[]", r.stdout

@@ -33,7 +33,6 @@ from goblin_assets.errors import GoblinError
 from goblin_assets.kb.rules import version_at_least
 from goblin_assets.measure.memory_model import Facts, fit_answer, optimizer_key, size_gb, step_memory
 from goblin_assets.runners.devices import lookup
-from goblin_assets.runners.memory_probe import PROBE_ENV
 from goblin_assets.runners.result import RawRun
 from goblin_assets.runners.trace import read_trace
 
@@ -114,6 +113,8 @@ def probes(session: AuditSession, batches: tuple[int, ...] = PROBE_BATCHES) -> l
 
     def run(vb: tuple[AuditSession, int]) -> RawRun:
         v, b = vb
+        from goblin_assets.runners.memory_probe import PROBE_ENV  # harness-side module: imports torch
+
         return v.runner.run(v.workload, "profile", steps=PROBE_STEPS, warmup=PROBE_WARMUP, env={PROBE_ENV: "1"},
                             label=f"fit-b{b}")
 
