@@ -53,7 +53,7 @@ def test_goblin_audit_json_on_digits(goblin_home, tmp_path, loader_rule_kb):
     wl = seeded_workload(tmp_path / "workloads")
     _seed_history(goblin_home / "warehouse.duckdb", "data.loader_workers_with_threads", [1.3, 1.35, 1.4], 2.0, 3.0)
     mlflow_uri, parent = _mlflow_parent(tmp_path)
-    r = _goblin("audit", str(wl), "--steps", "5", "--bench-steps", "15", "--repeats", "3", "--bench-budget", "40",
+    r = _goblin("audit", str(wl), "--steps", "3", "--bench-steps", "10", "--repeats", "2", "--bench-budget", "20",
                 "--kb", str(loader_rule_kb), "--json", env_home=goblin_home, GOBLIN_MLFLOW_TRACKING_URI=mlflow_uri,
                 GOBLIN_MLFLOW_PARENT_RUN_ID=parent)
     assert r.returncode == 0, r.stderr[-3000:]
