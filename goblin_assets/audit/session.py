@@ -912,6 +912,11 @@ class AuditSession:
             "tensor_findings": self.tensor_findings().to_json(),
         }
 
+    def failure_rules(self) -> list[str]:
+        """Ids of the KB rules that fired on the original's failure (``results["failure_matches"]``); [] when the
+        original did not fail or nothing matched."""
+        return [m.rule_id for m in self.results.get("failure_matches") or [] if m.fired]
+
     def failure_json(self) -> dict[str, Any]:
         """The ``goblin audit --json`` object of an audit whose original failed as written (the failure is its
         finding; :attr:`results` ``failure`` is set): ``verdict``, ``audit_id``, ``workload``, ``failure`` (the
@@ -924,7 +929,7 @@ class AuditSession:
         return {"verdict": self.verdict().model_dump(), "audit_id": self.audit_id, "workload": self.workload.name,
                 "failure": self.results["failure"], "report_path": str(self.report_path),
                 "failure_diagnosis": diag.to_json() if diag is not None else None,
-                "fired_rules": [m.rule_id for m in self.results.get("failure_matches") or [] if m.fired],
+                "fired_rules": self.failure_rules(),
                 "not_observable": dict(self.not_observable)}
 
     def write_html(self, path: Path) -> Path:

@@ -117,12 +117,13 @@ def _failed_original(context: dg.AssetExecutionContext, s: AuditSession):
     ``goblin audit`` logs it); its id is in the observation.
     """
     v, diag = s.verdict(), s.results.get("failure_diagnosis")
-    fired = [m.rule_id for m in s.results.get("failure_matches") or [] if m.fired]
+    fired = s.failure_rules()
     report = s.report_path.read_text(encoding="utf-8") if s.report_path else ""
     context.log.info(f"profile_run: {v.headline}")
     mlflow_run = log_audit(s)
     yield dg.AssetObservation(asset_key=context.asset_key, partition=context.partition_key, metadata={
-        **({"mlflow_run_id": mlflow_run} if mlflow_run else {}), "verdict": v.headline, "verdict_status": v.status, "healthy": v.healthy,
+        **({"mlflow_run_id": mlflow_run} if mlflow_run else {}),
+        "verdict": v.headline, "verdict_status": v.status, "healthy": v.healthy,
         "failure_class": diag.failure_class if diag is not None else "unknown",
         "fired_rules": dg.MetadataValue.json(fired), "report": dg.MetadataValue.md(report),
         "report_path": dg.MetadataValue.path(str(s.report_path))})

@@ -154,7 +154,7 @@ def audit_tags(s: AuditSession) -> dict[str, str]:
             "mlflow.runName": f"goblin audit {s.workload.name}"}
     if failed_original(s):
         diag = s.results.get("failure_diagnosis")
-        fired = [m.rule_id for m in s.results.get("failure_matches") or [] if m.fired]
+        fired = s.failure_rules()
         return tags | {"goblin.failure_class": diag.failure_class if diag is not None else "unknown",
                        "goblin.failure_kind": s.results.get("failure_kind", "failed"),
                        "goblin.failure": s.results["failure"][:MAX_PARAM_CHARS],
