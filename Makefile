@@ -92,7 +92,10 @@ demo: install $(DAGSTER_HOME)/dagster.yaml
 	GOBLIN_RUNNER_SKETCH_STEPS=$${GOBLIN_RUNNER_SKETCH_STEPS:-1} \
 	$(BIN)/python -m goblin_assets.demo $(DEMO_ARGS)
 
+# The project's bytecode first: the suite starts hundreds of processes that import goblin_assets (Dagster
+# steps, CLI runs, workers), and with PYTHONDONTWRITEBYTECODE set none of them would keep what it compiled.
 test: check-lock system-deps
+	$(BIN)/python -m compileall -q goblin_assets
 	$(BIN)/python -m pytest -q --durations=25
 
 # `dagster dev` in a process group of its own, behind a launcher that stops the whole group on one Ctrl-C

@@ -17,6 +17,17 @@ def goblin_home() -> Path:
     return home
 
 
+def cache_dir() -> Path:
+    """Where goblin keeps what any warehouse can reuse (the KB's sentence embeddings): ``$GOBLIN_CACHE_DIR``,
+    else ``$XDG_CACHE_HOME/goblin``, else ``~/.cache/goblin``.  Not created here; nothing in it is needed:
+    a missing or unreadable entry is computed again."""
+    explicit = os.environ.get("GOBLIN_CACHE_DIR")
+    if explicit:
+        return Path(explicit).expanduser().resolve()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base).expanduser().resolve() / "goblin"
+
+
 def warehouse_path() -> Path:
     """The DuckDB warehouse file: ``$GOBLIN_HOME/warehouse.duckdb``."""
     return goblin_home() / "warehouse.duckdb"

@@ -42,6 +42,11 @@ os.environ["GOBLIN_HOST_FACTS"] = json.dumps(TEST_HOST)
 SESSION_HOME = Path(tempfile.mkdtemp(prefix="goblin_test_home_"))
 os.environ["GOBLIN_HOME"] = str(SESSION_HOME)
 atexit.register(shutil.rmtree, SESSION_HOME, ignore_errors=True)
+#: What any warehouse can reuse (the KB's sentence embeddings): one folder for the session and every process it
+#: starts, never the user's ``~/.cache/goblin`` (the first test that encodes the KB pays for the rest).
+SESSION_CACHE = Path(tempfile.mkdtemp(prefix="goblin_test_cache_"))
+os.environ["GOBLIN_CACHE_DIR"] = str(SESSION_CACHE)
+atexit.register(shutil.rmtree, SESSION_CACHE, ignore_errors=True)
 #: The benchmark's time budget for adding repeat pairs (seconds): short, so the suite stays lean.
 TEST_BENCH_BUDGET_S = 10.0
 os.environ["GOBLIN_RUNNER_BENCH_BUDGET_S"] = str(TEST_BENCH_BUDGET_S)

@@ -264,7 +264,8 @@ def test_cold_search_imports_no_heavy_library(tmp_path: Path):
             "heavy = [m for m in ('sentence_transformers', 'transformers', 'sklearn', 'scipy', 'torch')"
             " if m in sys.modules]\n"
             "print(json.dumps({'rc': rc, 'heavy': heavy, 'top': json.loads(buf.getvalue())[0]['id']}))\n")
-    env = {**os.environ, "GOBLIN_HOME": str(tmp_path), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    env = {**os.environ, "GOBLIN_HOME": str(tmp_path), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "GOBLIN_CACHE_DIR": str(tmp_path / "cache")}   # cold: not the session's embedding cache either
     env.pop(encoder.ENCODER_ENV, None)
     for _ in range(2):  # the first run encodes and writes the cache, the second reads it
         p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
@@ -272,6 +273,40 @@ def test_cold_search_imports_no_heavy_library(tmp_path: Path):
         doc = json.loads(p.stdout.strip().splitlines()[-1])
         assert doc["rc"] == 0 and doc["heavy"] == [], doc
         assert doc["top"] in {"precision.fp16_to_bf16", "correctness.fp16_nonfinite_loss"}
+
+
+def test_a_batch_is_encoded_once_per_machine_and_a_torn_cache_file_is_encoded_again(tmp_path: Path, monkeypatch):
+    """``embed`` keeps a batch's vectors under GOBLIN_CACHE_DIR: a second call (any warehouse, any process) reads
+    them; other texts or another backend are another file; a torn or foreign file is encoded again and replaced;
+    a single text (a query) is never cached; a cache folder that cannot be written changes nothing."""
+    monkeypatch.setenv("GOBLIN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv(encoder.ENCODER_ENV, raising=False)
+    calls = []
+    real = encoder._encode
+
+    def counting(texts, backend):
+        calls.append(list(texts))
+        return real(texts, backend)
+
+    monkeypatch.setattr(encoder, "_encode", counting)
+    texts = ["dataloader workers starve the GPU", "eval loss is nan"]
+    first = encoder.embed(texts)
+    files = list((tmp_path / "cache" / "embeddings").glob("*.npy"))
+    assert len(files) == 1 and len(calls) == 1 and first.shape == (2, 384) and first.dtype == np.float32
+    np.testing.assert_array_equal(encoder.embed(texts), first)
+    assert len(calls) == 1                                     # read back, not encoded
+    encoder.embed(texts[::-1])
+    assert len(calls) == 2 and len(list(files[0].parent.glob("*.npy"))) == 2   # other texts: another file
+    files[0].write_bytes(files[0].read_bytes()[:100])          # torn (a killed writer never leaves this: rename)
+    np.testing.assert_allclose(encoder.embed(texts), first, atol=1e-6)
+    assert len(calls) == 3 and np.load(files[0]).shape == (2, 384)
+    encoder.embed(["one query"])
+    encoder.embed(["one query"])
+    assert len(calls) == 5 and len(list(files[0].parent.glob("*.npy"))) == 2  # queries: always encoded
+    (tmp_path / "ro").write_text("a file where the cache folder would be")
+    monkeypatch.setenv("GOBLIN_CACHE_DIR", str(tmp_path / "ro"))
+    np.testing.assert_allclose(encoder.embed(texts), first, atol=1e-6)   # nothing written, same vectors
+    assert not list(tmp_path.glob("ro/**/*.tmp"))
 
 
 # ------------------------------------------------------------------ phrases

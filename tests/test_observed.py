@@ -89,6 +89,10 @@ def test_flags_over_the_config_file_are_reported_with_both_values(override_run):
     frame = F.observed_frame(s.effective_config(), "a1", wl.name, "a1-profile")
     schema("observed_settings").validate(frame)
     assert sorted(frame.loc[~frame["agrees"], "field"]) == ["batch_size", "grad_accum_steps", "precision"]
+    # set by the workload's arguments: no statement of the program, nothing a patch of the file could reach
+    differ = frame.loc[~frame["agrees"]]
+    assert differ["set_at"].isna().all() and (differ["patchable"] == False).all()  # noqa: E712
+    assert frame.loc[frame["agrees"], "patchable"].isna().all()
 
 
 def test_patch_refuses_a_line_the_run_does_not_read(override_run):
@@ -240,6 +244,12 @@ def test_patchable_says_whether_the_writer_can_edit_the_place_that_wins(tmp_path
         edit_source(eff, {"gradient_checkpointing": False}, src, packages={})
     with pytest.raises(PatchError, match="parser cannot see"):
         edit_source(eff, {"lr": 0.02}, src, packages={})
+    # the warehouse row says so too: the statement that sets the run's value, and whether the patch reaches it
+    rows = F.observed_frame(eff, "a1", "w", "a1-profile").set_index("field")
+    assert rows.loc["batch_size", "set_at"] == "train.py:9: cli.batch_size = 8" and rows.loc["batch_size", "patchable"]
+    assert rows.loc["gradient_checkpointing", "set_at"].startswith("train.py:14: ")
+    assert rows.loc["gradient_checkpointing", "patchable"] == False  # noqa: E712
+    assert rows.loc["lr", "set_at"] is None and rows.loc["lr", "patchable"] == False  # noqa: E712
     # the report says so, per field
     md = "\n".join(config_markdown(eff))
     assert md.count("A patch of this field edits the line that sets the run's value") == 2

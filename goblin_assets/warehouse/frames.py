@@ -75,18 +75,26 @@ def observed_frame(cfg: ConfigDict, audit_id: str, workload: str, run_id: str) -
 
     ``status`` is always ``observed``; ``parsed_status`` the parsed value's
     provenance kind; ``agrees`` False for a field listed in
-    ``cfg.disagreements``.  Empty for a config nothing was observed for.
+    ``cfg.disagreements``, whose ``set_at`` (``file:line: statement`` of the
+    program that sets the run's value, NULL when the audit found none) and
+    ``patchable`` (``Disagreement.patchable``) say whether a patch can reach
+    the value; both NULL for a field that agrees.  Empty for a config
+    nothing was observed for.
     """
-    differ = {d.field for d in cfg.disagreements}
+    differ = {d.field: d for d in cfg.disagreements}
     rows = []
     for f, pprov in cfg.parsed_provenance.items():
         prov = cfg.provenance.get(f)
+        d = differ.get(f)
+        at = d.set_at if d is not None else None
         rows.append({"audit_id": audit_id, "run_id": run_id, "workload": workload, "field": f,
                      "value_json": json.dumps(getattr(cfg, f)), "parsed_value_json": json.dumps(cfg.parsed.get(f)),
                      "status": "observed", "parsed_status": pprov.kind,
                      "file": redact(prov.file) if prov and prov.file else None, "line": prov.line if prov else None,
                      "key": prov.key if prov else None, "detail": redact(prov.detail) if prov else "",
-                     "agrees": f not in differ})
+                     "agrees": d is None,
+                     "set_at": redact(f"{at.file}:{at.line}: {at.detail}") if at is not None else None,
+                     "patchable": d.patchable if d is not None else None})
     return _frame("observed_settings", rows)
 
 

@@ -57,6 +57,10 @@ TABLES: dict[str, list[tuple[str, str, bool]]] = {
         ("status", "VARCHAR", False), ("parsed_status", "VARCHAR", False), ("file", "VARCHAR", True),
         ("line", "BIGINT", True), ("key", "VARCHAR", True), ("detail", "VARCHAR", False),
         ("agrees", "BOOLEAN", False),
+        # added after the first warehouses (ADDED_COLUMNS): for a field that disagrees, the statement of the
+        # program that sets the run's value (``file:line: text``, NULL when none was found: an argument, a value
+        # computed at run time) and whether the patch writer can edit it (NULL for a field that agrees)
+        ("set_at", "VARCHAR", True), ("patchable", "BOOLEAN", True),
     ],
     "audits": [
         ("audit_id", "VARCHAR", False), ("workload", "VARCHAR", False), ("created_at", "TIMESTAMP", False),
@@ -364,6 +368,7 @@ ADDED_COLUMNS: tuple[tuple[str, str], ...] = (
     ("audits", "verdict"), ("audits", "healthy"), ("audits", "patch_offered"),
     ("audits", "speedup_pairs_faster"), ("audits", "speedup_pairs_slower"), ("audits", "speedup_sign_test_p"),
     ("audits", "speedup_budget_s"), ("audits", "speedup_elapsed_s"),
+    ("observed_settings", "set_at"), ("observed_settings", "patchable"),
 )
 
 
