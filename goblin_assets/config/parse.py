@@ -481,9 +481,9 @@ def _verl_accumulation(cands: list[Found], name: str) -> None:
             f"use_dynamic_bsz=True: verl cuts each mini-batch into micro-batches by token count, so the backward "
             f"passes per optimizer step depend on the sequence lengths ({sources})"), name, "unset", "")
         return
+    micro = _best(cands, "batch_size")
     if _best(cands, "_gpus") is None:
         # the GPUs per node are the machine's, not the recipe's: divide only by a world size the file states
-        micro = _best(cands, "batch_size")
         per = (f", // ppo_micro_batch_size_per_gpu {micro.value}: "
                + ", ".join(f"{mini * n // (g // sp) // micro.value} on {g} GPU{'s' if g > 1 else ''}"
                            for g in (1, 8) if g >= sp and (mini * n) % (g // sp) == 0
@@ -493,7 +493,6 @@ def _verl_accumulation(cands: list[Found], name: str) -> None:
             f"trainer.n_gpus_per_node is not stated: verl's accumulation is ppo_mini_batch_size {mini} x rollout.n "
             f"{n} (global, prompts) // data-parallel GPUs{per} ({sources})"), name, "unset", "")
         return
-    micro = _best(cands, "batch_size")
     glob = _best(cands, "_verl_micro_global")
     if micro is None and glob is not None and isinstance(glob.value, int) and dp > 0:
         # verl divides the deprecated global micro batch by the data-parallel size (fsdp_workers.py)

