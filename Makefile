@@ -94,9 +94,13 @@ demo: install $(DAGSTER_HOME)/dagster.yaml
 
 # The project's bytecode first: the suite starts hundreds of processes that import goblin_assets (Dagster
 # steps, CLI runs, workers), and with PYTHONDONTWRITEBYTECODE set none of them would keep what it compiled.
+# TEST_WORKERS pytest-xdist processes, each taking whole test files (`--dist loadfile`: a module's shared
+# fixture, such as the MiniLM audit, runs once): alone the suite keeps about one core busy, since many tests
+# wait on a browser, a server or a stall watch.  TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 2
 test: check-lock system-deps
 	$(BIN)/python -m compileall -q goblin_assets
-	$(BIN)/python -m pytest -q --durations=25
+	$(BIN)/python -m pytest -q --durations=25 -n $(TEST_WORKERS) --dist loadfile
 
 # `dagster dev` in a process group of its own, behind a launcher that stops the whole group on one Ctrl-C
 # or SIGTERM (goblin_assets/ui.py); `exec`: the launcher is the process make runs.
