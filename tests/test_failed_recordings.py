@@ -48,6 +48,9 @@ def test_a_failed_recording_ends_in_a_report_that_names_its_class(folder, goblin
     assert diag["failure_class"] not in ("unknown", "exit_status")
     if "failure_class" in spec:
         assert diag["failure_class"] == spec["failure_class"]
+    if "device_oom_kind" in spec:
+        assert diag["device_oom"]["kind"] == spec["device_oom_kind"]
+        assert f"(`{spec['device_oom_kind']}`)" in Path(doc["report_path"]).read_text(encoding="utf-8")
     assert f"({diag['label']})" in v["headline"]
     assert set(spec.get("must_fire", [])) <= set(doc["fired_rules"])
     assert not set(spec.get("must_not_fire", [])) & set(doc["fired_rules"])

@@ -165,6 +165,27 @@ def test_test_workloads_every_field_observed(tmp_path, name, precision):
     assert obs["optimizer"] == "sgd" and not m.observed["autocast"]
 
 
+@pytest.mark.slow
+def test_a_lightning_trainers_own_values_are_observed(tmp_path):
+    """tests/data/lightning_workload: Lightning's Trainer, not the loop, decides accumulation (2) and precision
+    (bf16-mixed: autocast on the CPU), and the optimizer steps inside Lightning's closure.  Every field is
+    observed and equals what the run used; the Trainer object's own values are recorded; the parser agrees with
+    the run wherever it states a value (the learning rate, ``self.lr``, it cannot know: the run settles it)."""
+    workload = REPO / "tests" / "data" / "lightning_workload"
+    m, truth = truth_run(workload, tmp_path, steps=2, warmup=1)
+    observed_equals_truth(m, truth)
+    lt = m.observed["lightning_trainer"]
+    assert (lt["precision"], lt["accumulate_grad_batches"], lt["num_devices"]) == ("bf16-mixed", 2, 1)
+    assert lt["strategy"] == "lightning.pytorch.strategies.single_device.SingleDeviceStrategy"
+    assert m.observed["backward_per_step"][-1] == lt["accumulate_grad_batches"]
+    assert m.samples_per_step == truth["batch_size"] * lt["accumulate_grad_batches"]
+    parsed = parse_config(workload / "train.py")
+    assert parsed.provenance["lr"].kind == "unset"
+    cfg = effective_config(parsed, m.observed, source=workload / "train.py")
+    assert not cfg.disagreements, cfg.disagreements
+    assert cfg.values()["lr"] == truth["lr"] and cfg.provenance["lr"].kind == "observed"
+
+
 def observed_equals_trainer(m) -> None:
     """A Trainer + LoRA run's observed fields equal the Trainer's and the adapter's own objects (read in the run);
     shared with tests/test_minilm_audit.py, which asserts it on its audit's profiled run."""

@@ -66,7 +66,8 @@ from goblin_assets.errors import GoblinError, KBError, RunFailed
 from goblin_assets.host import HostFacts, current_host, for_interpreter, keyword_names
 from goblin_assets.ids import make_audit_id
 from goblin_assets.kb.retrieval import KBIndex, embedding_frame, index_for, retrieval_scores, run_symptoms
-from goblin_assets.kb.rules import KnowledgeBase, detect_context, load_kb, local_world_size, match_rules
+from goblin_assets.kb.rules import (KnowledgeBase, detect_context, eval_fix_value, load_kb, local_world_size,
+                                     match_rules)
 from goblin_assets.measure.benchmark import bench_interval, benchmark, rate_text
 from goblin_assets.measure.calibration import Calibration, calibrate
 from goblin_assets.measure.evidence import NonfiniteEvidence, nonfinite_evidence
@@ -277,6 +278,8 @@ class AuditSession:
         lines = ["## Diagnosis", "", f"**{diag.label}** (class `{diag.failure_class}`)"
                  + (f": `{redact(diag.evidence)}`" if diag.evidence else "") + "."
                  + (f" {'; '.join(k for k in known if k)}." if any(known) else ""), ""]
+        if diag.device_oom is not None:
+            lines += [f"**The allocator's numbers** (`{diag.device_oom.kind}`): {diag.device_oom.sentence()}.", ""]
         lines += self._snapshot_evidence()
         notes = hazard_notes(self.rules(), matches) if matches else []
         if notes:
@@ -284,7 +287,34 @@ class AuditSession:
             lines += [f"- **{h.rule_id}** ({h.kind}): {h.text} What to do: {h.action} Source: [{h.title}]({h.url})"
                       for h in notes]
             lines.append("")
+        changes = self._failure_changes(matches)
+        if changes:
+            lines += ["## Changes the rules suggest for the failure (not validated by this audit unless said below)",
+                      "", *changes, ""]
         return lines
+
+    def _failure_changes(self, matches: list[RuleMatch]) -> list[str]:
+        """One line per fired tuning rule with a change (its environment and config edits, its source)."""
+        out = []
+        by_id = self.rules().by_id if matches else {}
+        values = {"cores": self.cores(), **self.training_config().values()} if matches else {}
+
+        def config_edit(field: str, raw: Any) -> str:
+            try:
+                return f"`{field}: {values.get(field)} -> {eval_fix_value(raw, values)}`"
+            except KBError:  # a value the expression needs is undetermined: show the rule's own expression
+                return f"`{field}: {raw}`"
+
+        for m in matches:
+            r = by_id.get(m.rule_id) if m.fired else None
+            if r is None or r.kind != "tuning":
+                continue
+            edits = [f"`{k}={v}`" for k, v in r.fix.env.items()] + [f"unset `{k}`" for k in r.fix.unset_env] + \
+                    [config_edit(k, v) for k, v in r.fix.config.items()]
+            if edits:
+                out.append(f"- **{r.id}**: {' '.join(r.symptom.split())} Change: {', '.join(edits)}. "
+                           f"Source: [{r.citation.title}]({r.citation.url})")
+        return out
 
     def _snapshot_evidence(self) -> list[str]:
         """A memory snapshot in the workload's folder (``*.pickle``, ``torch.cuda.memory._dump_snapshot``) read

@@ -23,7 +23,10 @@ rule to fire.  Each condition is ``PATH OP VALUE``:
   names the site and training step behind the value) and
   ``invariants.<check>`` (the value of a run-time invariant check,
   :data:`goblin_assets.measure.invariants.CHECKS`: 0 when it held, not
-  available when the run could not show it).
+  available when the run could not show it) and ``oom.<key>`` (a device
+  allocator's out-of-memory message in the run's failure or stderr, read into
+  numbers: :data:`goblin_assets.runners.oom.OOM_KEYS`, bytes, and ``kind``;
+  not available when the run printed none).
 * ``OP``: ``<  <=  >  >=  ==  !=  in  not_in  multiple_of  not_multiple_of``.
 * ``VALUE``: a YAML scalar or list (``0.3``, ``eager``, ``null``, ``[a, b]``),
   or another PATH.
@@ -73,6 +76,7 @@ from goblin_assets.opscope.tensor_findings import TENSOR_KEYS
 from goblin_assets.runners.categories import category_pct, groups
 from goblin_assets.runners.devices import DEVICE_KEYS, device_facts
 from goblin_assets.runners.devices import matches as device_matches
+from goblin_assets.runners.oom import OOM_KEYS, parse_device_oom
 
 DEFAULT_KB = files("goblin_assets.kb.data") / "rocm_rules.yaml"
 #: Environment variable naming a rules file that replaces the packaged one wherever no path is given (every
@@ -90,7 +94,7 @@ _OPS = {
 _ORDER = ("<", "<=", ">", ">=", "==", "!=")
 _ROOTS = ("config", "waste", "metrics", "env", "env_prefix", "platform", "cores", "torch_version",
           "rocm_version", "kernels", "host", "packages", "patterns", "device", "signals", "local_world_size",
-          "tensors", "invariants")
+          "tensors", "invariants", "oom")
 _VERSION_PATHS = ("torch_version", "rocm_version")
 
 
@@ -262,7 +266,16 @@ def detect_context(config: ConfigDict, metrics: RunMetrics, host: HostFacts | No
         "local_world_size": local_world_size(env_now),
         "tensors": tensors,
         "invariants": invariant_values(metrics.invariants),
+        "oom": _device_oom(metrics),
     }
+
+
+def _device_oom(metrics: RunMetrics) -> dict[str, Any]:
+    """``oom.<key>``: the device out-of-memory message of a failed run's failure line or stderr, read; {} if none."""
+    if not metrics.failure and not metrics.stderr_tail:
+        return {}
+    found = parse_device_oom(f"{metrics.failure or ''}\n{metrics.stderr_tail or ''}")
+    return found.values() if found is not None else {}
 
 
 class _EnvPrefix(dict):
@@ -379,6 +392,8 @@ def _check_path(path: str) -> str | None:
             f"{g}: {', '.join(keys)}" for g, keys in TENSOR_KEYS.items())
     if root == "invariants" and (len(rest) != 1 or rest[0] not in CHECKS):
         return f"unknown invariant {'.'.join(rest)!r} (one of {', '.join(CHECKS)}: measure/invariants.py)"
+    if root == "oom" and (len(rest) != 1 or rest[0] not in OOM_KEYS):
+        return f"unknown oom key {'.'.join(rest)!r} (one of {', '.join(OOM_KEYS)}: runners/oom.py)"
     if root in ("env", "env_prefix", "packages") and len(rest) != 1:
         return f"expected {root}.<NAME>"
     return None

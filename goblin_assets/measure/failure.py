@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 from goblin_assets.contracts import RunMetrics, Signal
 from goblin_assets.measure.signals import run_signals
+from goblin_assets.runners.oom import DeviceOom, parse_device_oom
 
 #: (class, signal id, what a person reads), most specific first.
 FAILURE_SIGNALS: tuple[tuple[str, str, str], ...] = (
@@ -57,7 +58,10 @@ class FailureDiagnosis:
     nothing names it; ``label``: the sentence for people; ``evidence``: the
     line that named it; ``signals``: every known message in its text (the
     recording's own signals too); ``exit_status`` and ``last_step`` (optimizer
-    steps the run completed, from its recording) when known, else None.
+    steps the run completed, from its recording) when known, else None;
+    ``device_oom``: a device allocator's out-of-memory message read into its
+    numbers (:func:`goblin_assets.runners.oom.parse_device_oom`), None when the
+    class is not ``out_of_memory`` or the text prints none.
     """
 
     failure_class: str
@@ -66,12 +70,15 @@ class FailureDiagnosis:
     signals: list[Signal] = field(default_factory=list)
     exit_status: int | None = None
     last_step: int | None = None
+    device_oom: DeviceOom | None = None
 
     def to_json(self) -> dict:
-        """The ``failure_diagnosis`` object of ``goblin audit --json`` (keys are a contract)."""
+        """The ``failure_diagnosis`` object of ``goblin audit --json`` (keys are a contract; ``device_oom``, added
+        later: :meth:`DeviceOom.values` in bytes with its ``kind``, or None)."""
         return {"failure_class": self.failure_class, "label": self.label, "evidence": self.evidence,
                 "signals": [s.id for s in self.signals], "exit_status": self.exit_status,
-                "last_step": self.last_step}
+                "last_step": self.last_step,
+                "device_oom": self.device_oom.values() if self.device_oom is not None else None}
 
 
 def diagnose_failure(failure: str, stderr_tail: str = "", metrics: RunMetrics | None = None) -> FailureDiagnosis:
@@ -104,7 +111,8 @@ def diagnose_failure(failure: str, stderr_tail: str = "", metrics: RunMetrics | 
     for cls, sid, label in FAILURE_SIGNALS:
         if sid in ids:
             sig = next(s for s in signals if s.id == sid)
-            return FailureDiagnosis(cls, label, sig.message, signals, exit_status, last)
+            return FailureDiagnosis(cls, label, sig.message, signals, exit_status, last,
+                                    parse_device_oom(text) if cls == "out_of_memory" else None)
     errors = [m for ln in text.splitlines() if (m := _ERROR_LINE.search(ln))]
     if errors:
         name, msg = errors[-1].group(1), errors[-1].group(2)

@@ -74,7 +74,8 @@ _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
 
 
 def _plain(v):
-    """A JSON-able copy of a setting: numbers, strings, bools, None, lists of those; else its repr."""
+    """A JSON-able copy of a setting: numbers, strings, bools, None, lists of those; an object whose repr is only
+    its address (``<...Strategy object at 0x...>``) as its class's dotted name; else its repr."""
     if v is None or isinstance(v, (bool, int, float, str)):
         return v
     if isinstance(v, torch.dtype):
@@ -83,7 +84,10 @@ def _plain(v):
         return [_plain(x) for x in (sorted(v, key=str) if isinstance(v, (set, frozenset)) else v)]
     if hasattr(v, "value") and isinstance(getattr(v, "value"), (str, int)):  # an Enum (IntervalStrategy, ...)
         return v.value
-    return repr(v)[:200]
+    text = repr(v)
+    if " object at 0x" in text:
+        return f"{type(v).__module__}.{type(v).__qualname__}"
+    return text[:200]
 
 
 def _where_outside(skip: tuple[str, ...]) -> str | None:

@@ -108,6 +108,156 @@ def requested_bytes(text: str) -> int | None:
     return None
 
 
+#: A size as torch's caching allocator prints it (c10 ``format_size``): ``0 bytes``, ``512.00 KiB``, ``1.96 GiB``.
+_SIZE = r"([\d.]+)\s?(bytes|B|KiB|MiB|GiB|TiB)"
+
+
+def _pattern(text: str) -> re.Pattern:
+    """``text`` with ``SIZE`` standing for :data:`_SIZE` and any run of spaces matching any whitespace (the
+    message is often wrapped across lines when pasted into a report)."""
+    return re.compile(r"\s+".join(part.replace("SIZE", _SIZE) for part in text.split(" ")), re.DOTALL)
+
+
+#: torch >= 2.1 (CUDA and HIP): "Tried to allocate 1.96 GiB. GPU 0 has a total capacity of 79.18 GiB of which
+#: 1.08 GiB is free. Including non-PyTorch memory, this process has 78.09 GiB memory in use. Of the allocated
+#: memory 75.31 GiB is allocated by PyTorch, [with 46.00 MiB allocated in private pools (e.g., CUDA Graphs),]
+#: and 1.83 GiB is reserved by PyTorch but unallocated."
+_OOM_NEW = _pattern(r"Tried to allocate SIZE\. GPU (\d+) has a total capacity of SIZE of which SIZE is free\."
+                    r"(.{0,400}?)Of the allocated memory SIZE is allocated by PyTorch,"
+                    r"(?: with SIZE allocated in private pools \(e\.g\., CUDA Graphs\),)?"
+                    r" and SIZE is reserved by PyTorch but unallocated")
+#: torch < 2.1: "Tried to allocate 1.50 GiB (GPU 0; 15.78 GiB total capacity; 13.19 GiB already allocated;
+#: 1.41 GiB free; [4.08 GiB allowed;] 13.22 GiB reserved in total by PyTorch)".
+_OOM_OLD = _pattern(r"Tried to allocate SIZE \(GPU (\d+); SIZE total capacity; SIZE already allocated;"
+                    r" SIZE free;(?: SIZE allowed;)? SIZE reserved in total by PyTorch\)")
+_THIS_PROCESS = _pattern(r"this process has SIZE memory in use")
+
+
+def _bytes(value: str | None, unit: str | None) -> int | None:
+    if value is None:
+        return None
+    return int(float(value) * (1 if unit in ("B", "bytes") else _BINARY[unit]))
+
+
+class DeviceOom(BaseModel):
+    """A device allocator's out-of-memory message, read (torch's CUDA/HIP caching allocator; bytes throughout).
+
+    ``reserved_unallocated_bytes``: memory the allocator holds but had not
+    handed to a tensor when the request failed (it frees what it can and
+    retries first, so this is memory in segments it cannot release: split
+    blocks); ``this_process_bytes``: the process's use of the device,
+    non-PyTorch memory included (torch >= 2.1 prints it; None before);
+    ``private_pool_bytes``: allocated in private pools (CUDA Graphs);
+    ``allowed_bytes``: the process's cap (``set_per_process_memory_fraction``;
+    torch < 2.1 prints it), None when none is printed.
+
+    ``kind`` (first that holds): ``exceeds_device`` (the one request is
+    larger than the device), ``memory_fraction`` (the allocator reached the
+    process's allowed share of the device), ``other_processes`` (other
+    processes on the device held at least the request), ``fragmentation``
+    (less is free than the request, but free plus reserved-but-
+    unallocated would have held the request: the memory was there, in blocks
+    too small; PyTorch's own message suggests ``expandable_segments`` for
+    this), else ``shortage`` (what the step holds
+    does not fit).  Source: PyTorch, "CUDA semantics: memory management" and
+    the caching allocator's out-of-memory message (c10/cuda/CUDACachingAllocator.cpp).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    device_index: int
+    request_bytes: int
+    total_bytes: int
+    free_bytes: int
+    allocated_bytes: int
+    reserved_unallocated_bytes: int
+    this_process_bytes: int | None = None
+    private_pool_bytes: int | None = None
+    allowed_bytes: int | None = None
+
+    @property
+    def other_processes_bytes(self) -> int | None:
+        """Device memory in use by others: total - free - this process (None when the message does not say)."""
+        if self.this_process_bytes is None:
+            return None
+        return max(0, self.total_bytes - self.free_bytes - self.this_process_bytes)
+
+    @property
+    def kind(self) -> str:
+        """``exceeds_device``, ``memory_fraction``, ``fragmentation``, ``other_processes`` or ``shortage``
+        (see the class)."""
+        if self.request_bytes > self.total_bytes:
+            return "exceeds_device"
+        if self.allowed_bytes is not None and \
+                self.allocated_bytes + self.reserved_unallocated_bytes + self.request_bytes > self.allowed_bytes:
+            return "memory_fraction"
+        others = self.other_processes_bytes
+        if others is not None and self.request_bytes <= others:
+            return "other_processes"
+        if self.free_bytes < self.request_bytes <= self.free_bytes + self.reserved_unallocated_bytes:
+            return "fragmentation"
+        return "shortage"
+
+    def values(self) -> dict[str, Any]:
+        """The rules' ``oom.<key>`` values (kb/rules.py): the fields, ``other_processes_bytes`` and ``kind``."""
+        return self.model_dump() | {"other_processes_bytes": self.other_processes_bytes, "kind": self.kind}
+
+    def sentence(self) -> str:
+        """One sentence for people: the allocator's numbers, then what they mean."""
+        g = lambda n: f"{n / 1024**3:.2f} GiB"  # noqa: E731 - the allocator's own unit
+        head = (f"{g(self.request_bytes)} requested on GPU {self.device_index}, "
+                f"{g(self.free_bytes)} free of {g(self.total_bytes)}, {g(self.allocated_bytes)} allocated by "
+                f"PyTorch, {g(self.reserved_unallocated_bytes)} reserved but unallocated")
+        if self.this_process_bytes is not None:
+            head += f", this process {g(self.this_process_bytes)} in all"
+        spare = self.free_bytes + self.reserved_unallocated_bytes - self.request_bytes
+        why = {
+            "exceeds_device": "the one request is larger than the whole device: no allocator setting helps, the "
+                              "tensor itself must shrink (micro-batch, sequence length) or be sharded",
+            "memory_fraction": f"the process's allowed share of the device ({g(self.allowed_bytes or 0)}, "
+                               f"torch.cuda.set_per_process_memory_fraction) was reached, not the device",
+            "fragmentation": f"free and reserved-but-unallocated memory together would have held the request "
+                             f"({g(spare)} to spare): the memory was there in blocks too small, which is "
+                             f"fragmentation (expandable_segments:True lets the allocator grow one segment)"
+                             + ("; with so little to spare (under 5 % of the device) the step is at the "
+                                "device's edge, so lower its peak as well" if spare < 0.05 * self.total_bytes
+                                else ""),
+            "other_processes": f"other processes held {g(self.other_processes_bytes or 0)} of the device, "
+                               f"more than the request: free the device or run alone on it",
+            "shortage": "neither free nor cached memory could hold the request: what the step holds does not fit",
+        }[self.kind]
+        return f"{head}; {why}"
+
+
+#: The keys a rule reads as ``oom.<key>`` (kb/rules.py): :meth:`DeviceOom.values`.
+OOM_KEYS: tuple[str, ...] = (*DeviceOom.model_fields, "other_processes_bytes", "kind")
+
+
+def parse_device_oom(text: str) -> DeviceOom | None:
+    """The last device out-of-memory message in ``text`` (torch's caching allocator, both message formats),
+    read into a :class:`DeviceOom`; None when ``text`` holds none (a CPU out-of-memory, or no numbers)."""
+    new = list(_OOM_NEW.finditer(text))
+    old = list(_OOM_OLD.finditer(text))
+    if not new and not old:
+        return None
+    if new and (not old or new[-1].start() > old[-1].start()):
+        m = new[-1]
+        req, req_u, dev, tot, tot_u, free, free_u, middle, alloc, alloc_u, priv, priv_u, un, un_u = m.groups()
+        this = _THIS_PROCESS.search(middle or "")
+        return DeviceOom(device_index=int(dev), request_bytes=_bytes(req, req_u), total_bytes=_bytes(tot, tot_u),
+                         free_bytes=_bytes(free, free_u), allocated_bytes=_bytes(alloc, alloc_u),
+                         reserved_unallocated_bytes=_bytes(un, un_u),
+                         this_process_bytes=_bytes(*this.groups()) if this else None,
+                         private_pool_bytes=_bytes(priv, priv_u))
+    m = old[-1]
+    req, req_u, dev, tot, tot_u, alloc, alloc_u, free, free_u, allowed, allowed_u, res, res_u = m.groups()
+    allocated, reserved = _bytes(alloc, alloc_u), _bytes(res, res_u)
+    return DeviceOom(device_index=int(dev), request_bytes=_bytes(req, req_u), total_bytes=_bytes(tot, tot_u),
+                     free_bytes=_bytes(free, free_u), allocated_bytes=allocated,
+                     reserved_unallocated_bytes=max(0, reserved - allocated),
+                     allowed_bytes=_bytes(allowed, allowed_u))
+
+
 def read_oom_state(run_dir: Path) -> OomState | None:
     """``RUN_DIR/oom.json`` as an :class:`OomState`, or None when the harness wrote none or it is invalid."""
     p = Path(run_dir) / OOM_NAME
@@ -154,7 +304,9 @@ def _held(s: OomState) -> str:
 def _limit(text: str, s: OomState | None, request: int | None, cap_gb: float | None) -> str:
     if _DEVICE_OOM.search(text):
         cap = _CAPACITY.search(text)
-        return "the limit hit: the device's memory" + (f" ({cap.group(1) or cap.group(2)} total)" if cap else "")
+        dev = parse_device_oom(text)
+        return "the limit hit: the device's memory" + (f" ({cap.group(1) or cap.group(2)} total)" if cap else "") \
+            + (f"; the allocator's numbers ({dev.kind}): {dev.sentence()}" if dev is not None else "")
     if not cap_gb:
         return "the limit hit: the machine's memory"
     cap = int(cap_gb * 1024**3)  # as LocalRunner applies it
