@@ -12,8 +12,11 @@ process whose threads all block in a lock, a queue or a system call:
 https://docs.python.org/3/library/faulthandler.html#dumping-the-traceback-on-a-user-signal);
 wraps the DataLoader's worker loop so that each worker process registers its
 own file (workers started by ``fork``, Linux's default, run the wrapped loop;
-a ``spawn`` worker imports torch afresh and is not hooked, and the dump says
-which processes answered); and appends one heartbeat line per optimizer step
+the wrapper carries the original's module and qualified name, so a ``spawn``
+or ``forkserver`` worker, which unpickles its target by name in a fresh
+interpreter, runs torch's own loop unhooked and the dump says which processes
+answered; a wrapper pickle could not find would stop every such DataLoader
+before its first batch); and appends one heartbeat line per optimizer step
 to ``RUN_DIR/progress.txt`` (``<step> <CLOCK_MONOTONIC seconds>``; ``done``
 once the step budget is spent, so the loader teardown and the trace export
 after it are not mistaken for a stall).
@@ -31,6 +34,7 @@ runner kills the group.
 from __future__ import annotations
 
 import faulthandler
+import functools
 import os
 import signal
 import statistics
@@ -90,6 +94,7 @@ def install(out_dir: str | Path, worker_module=None) -> Heartbeat:
     if worker_module is not None and hasattr(worker_module, "_worker_loop"):
         loop = worker_module._worker_loop
 
+        @functools.wraps(loop)  # pickled by reference as torch's own loop: a spawn worker runs the original
         def _worker_loop(*args, **kwargs):
             try:
                 _files.clear()  # the parent's file objects, inherited by fork: not this worker's

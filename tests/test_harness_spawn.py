@@ -1,0 +1,30 @@
+"""The harness leaves a program's DataLoader start method working: ``spawn`` and ``forkserver`` workers.
+
+A worker started that way is a fresh interpreter that unpickles its target by name; the harness's hooked
+worker loop (runners/stall.py: stack dumps of forked workers) must pickle as torch's own ``_worker_loop``.
+Before it did, every such DataLoader stopped with "Can't pickle local object" under the harness while the
+program ran fine alone.
+"""
+from __future__ import annotations
+
+import pytest
+
+from goblin_assets.config.observed import observed_values
+from goblin_assets.measure.profile import profile_run
+from goblin_assets.runners.local import LocalRunner
+from goblin_assets.runners.workload import load_workload
+from tests.conftest import REPO
+
+WORKLOAD = REPO / "tests" / "data" / "spawn_workload"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("context", ["spawn", "forkserver"])
+def test_a_loader_with_fresh_interpreter_workers_runs_and_is_observed(context, tmp_path, monkeypatch):
+    monkeypatch.setenv("GOBLIN_HOME", str(tmp_path / "home"))
+    wl = load_workload(WORKLOAD).model_copy(update={"args": ["--context", context]})
+    m = profile_run(wl, LocalRunner(timeout_s=180), steps=3, warmup=1)
+    assert m.ok, m.failure
+    assert m.samples_per_step == 32
+    obs = {f: v for f, (v, _) in observed_values(m.observed).items()}
+    assert (obs["batch_size"], obs["dataloader_workers"]) == (32, 1)
