@@ -240,6 +240,44 @@ def test_live_audit_names_the_steps_that_sleep(goblin_home, tmp_path):
 
 
 @pytest.mark.slow
+def test_live_audit_names_a_checkpoint_save_as_the_cause_of_its_steps(goblin_home):
+    """The same loop whose every 4th step stalls in ``torch.save`` (``--stall save``: a 400 ms write): the harness
+    times every save with its step and caller, and the outlier steps name the save, not a bucket."""
+    from goblin_assets.measure.profile import profile_run
+    from goblin_assets.report.markdown import outliers_markdown
+    from goblin_assets.runners.local import LocalRunner
+    from goblin_assets.runners.workload import load_workload
+
+    wl = load_workload(Path(__file__).parent / "data" / "sleepy_workload")
+    m = profile_run(wl.model_copy(update={"args": ["--stall", "save"]}), LocalRunner(timeout_s=300), steps=8,
+                    warmup=2)
+    assert m.ok, m.failure
+    measured = {o["step"]: o for o in m.step_outliers if o["phase"] == "measured"}
+    assert {4, 8} <= set(measured), (m.all_step_times_s, m.step_outliers)
+    for n in (4, 8):
+        o = measured[n]
+        assert o["cause"] == "checkpoint_save", o
+        assert o["cause_detail"].startswith("1 torch.save call took 0.4") and "(train.py:" in o["cause_detail"], o
+    table = "\n".join(outliers_markdown(m.step_outliers))
+    assert "| checkpoint_save: 1 torch.save call took" in table
+
+
+def test_an_outlier_is_blamed_on_timed_events_only_when_they_explain_most_of_its_excess():
+    from goblin_assets.measure.step_outliers import outlier_steps
+
+    times = [0.1] * 6 + [0.5, 0.1, 0.5, 0.1]        # steps 7 and 9: 0.4 s over the 0.1 s median
+    events = [{"step": 7, "seconds": 0.35, "kind": "checkpoint_save", "where": "train.py:40 in save"},
+              {"step": 9, "seconds": 0.1, "kind": "checkpoint_save", "where": "train.py:40 in save"},
+              {"step": 9, "seconds": 0.05, "kind": "compile", "where": None},
+              {"step": 2, "seconds": 0.05, "kind": "compile", "where": None}]
+    out = {o["step"]: o for o in outlier_steps(times, warmup=2, events=events)}
+    assert set(out) == {7, 9}
+    assert out[7]["cause"] == "checkpoint_save" and out[7]["cause_detail"] == (
+        "1 torch.save call took 0.350 s of the 0.400 s over the median (train.py:40 in save)")
+    assert out[9]["cause"] == "not_observable" and "cause_detail" not in out[9]  # 0.15 s of 0.4: not the save
+
+
+@pytest.mark.slow
 def test_recorded_job_asset_materializes_a_folder_of_ranks(goblin_home, tmp_path, monkeypatch):
     import shutil
 

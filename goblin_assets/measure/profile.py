@@ -14,7 +14,7 @@ from goblin_assets.runners.base import Runner
 from goblin_assets.runners.categories import is_fused_attention
 from goblin_assets.runners.peaks import lookup_gpu_peak, measure_cpu_peak_tflops
 from goblin_assets.runners.result import HarnessResult, RawRun
-from goblin_assets.measure.step_outliers import outlier_steps
+from goblin_assets.measure.step_outliers import outlier_steps, step_events
 from goblin_assets.runners.trace import TraceSummary, read_trace
 from goblin_assets.runners.workload import Workload
 
@@ -77,7 +77,8 @@ def throughput_fields(raw: RawRun, workload: Workload) -> dict:
         "step_times_s": times,
         "all_step_times_s": list(raw.result.all_step_times_s),
         "step_outliers": outlier_steps(raw.result.all_step_times_s,
-                                       max(len(raw.result.all_step_times_s) - len(per), 0)),
+                                       max(len(raw.result.all_step_times_s) - len(per), 0),
+                                       events=step_events(raw.result)),
         "samples_per_step": samples / len(per),
         "samples_per_sec": samples / total_t if total_t > 0 and samples else None,
         "tokens_per_sec": tokens / total_t if total_t > 0 and tokens else None,
@@ -145,7 +146,8 @@ def profile_run(workload: Workload, runner: Runner, steps: int = 10, warmup: int
     summary = read_trace(raw.trace_path)
     warm = len(r.all_step_times_s) - len(r.per_step)
     if r.all_step_times_s and warm >= 0:  # the profiled steps are the measured ones, in order
-        m.step_outliers = outlier_steps(r.all_step_times_s, warm, summary, first_profiled=warm + 1)
+        m.step_outliers = outlier_steps(r.all_step_times_s, warm, summary, first_profiled=warm + 1,
+                                        events=step_events(r))
     m.waste_budget = waste_budget(summary, m.step_time_s, bf16_matmul=host.cpu_bf16_matmul)
     total_us = sum(s.dur_us for s in summary.steps)
     m.top_kernels = [KernelShare(name=o.name, pct_time=100.0 * o.self_us / total_us)

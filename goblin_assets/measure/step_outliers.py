@@ -9,7 +9,10 @@ step exceeds 1.5x the median").  The median is over the steady-state steps
 (after the warm-up) when there are any.  Where the profiler recorded the step,
 its time is split into buckets (:func:`step_buckets`, µs) and the outlier's
 ``cause`` is the bucket that exceeds the median normal step's by the most
-(:func:`outlier_cause`).
+(:func:`outlier_cause`).  Events the harness timed inside a step name the
+cause first when they explain at least half of its excess over the median
+(:data:`EVENT_SHARE`): a checkpoint save (every ``torch.save``) or a
+``torch.compile`` compilation (:func:`step_events`).
 """
 from __future__ import annotations
 
@@ -20,6 +23,38 @@ from goblin_assets.runners.trace import StepIntervals, TraceSummary
 #: A step is an outlier past this multiple of the median step (TraceLens's trace-collection criterion).
 OUTLIER_RATIO = 1.5
 BUCKETS = ("compute", "loader", "sync", "collective", "host")
+#: Timed events name an outlier's cause when they take at least this share of its excess over the median (ours:
+#: most of the extra time, so a small save inside a step slowed by something else does not take the blame).
+EVENT_SHARE = 0.5
+
+
+def step_events(result) -> list[dict]:
+    """The timed events of one harness run (a ``HarnessResult``): ``{"step", "seconds", "kind", "where"}`` with
+    ``kind`` ``checkpoint_save`` (each ``torch.save``) or ``compile`` (each torch.compile compilation, from
+    runners/compile_probe.py; ``where`` None)."""
+    out = [{"step": int(e["step"]), "seconds": float(e["seconds"]), "kind": "checkpoint_save",
+            "where": e.get("where")} for e in getattr(result, "saves", None) or []]
+    for c in ((getattr(result, "dynamo", None) or {}).get("compiles") or []):
+        if c.get("step") is not None and c.get("seconds") is not None:
+            out.append({"step": int(c["step"]), "seconds": float(c["seconds"]), "kind": "compile", "where": None})
+    return out
+
+
+def _event_cause(events: list[dict], excess_s: float) -> tuple[str, str] | None:
+    """(kind, detail) of the events of one step when together they explain :data:`EVENT_SHARE` of ``excess_s``."""
+    total = sum(e["seconds"] for e in events)
+    if not events or excess_s <= 0 or total < EVENT_SHARE * excess_s:
+        return None
+    by_kind: dict[str, float] = {}
+    for e in events:
+        by_kind[e["kind"]] = by_kind.get(e["kind"], 0.0) + e["seconds"]
+    kind = max(by_kind, key=by_kind.get)
+    mine = [e for e in events if e["kind"] == kind]
+    where = sorted({e["where"] for e in mine if e.get("where")})
+    name = {"checkpoint_save": "torch.save", "compile": "torch.compile compilation"}.get(kind, kind)
+    detail = (f"{len(mine)} {name} call{'s' if len(mine) != 1 else ''} took {by_kind[kind]:.3f} s of the "
+              f"{excess_s:.3f} s over the median" + (f" ({', '.join(where[:3])})" if where else ""))
+    return kind, detail
 
 
 def step_buckets(s: StepIntervals, gpu: bool, sync_us: float = 0.0) -> dict[str, float]:
@@ -49,7 +84,7 @@ def median_buckets(rows: list[dict[str, float]]) -> dict[str, float]:
 
 
 def outlier_steps(times_s: list[float], warmup: int = 0, summary: TraceSummary | None = None,
-                  first_profiled: int | None = None) -> list[dict]:
+                  first_profiled: int | None = None, events: list[dict] | None = None) -> list[dict]:
     """The outlier steps of a run whose optimizer steps took ``times_s`` seconds (step 1 first).
 
     Returns one dict per outlier: ``step`` (1-based, warm-up counted),
@@ -58,7 +93,11 @@ def outlier_steps(times_s: list[float], warmup: int = 0, summary: TraceSummary |
     ``measured``) and, when the step was profiled (``summary``'s i-th step is
     step ``first_profiled + i``), ``cause`` (:func:`outlier_cause`) and
     ``buckets_us``; ``cause`` is ``not_observable`` for steps the profiler did
-    not record.  Empty when fewer than three steps were timed.
+    not record.  ``events`` (:func:`step_events`) that explain
+    :data:`EVENT_SHARE` of a step's excess over the median set its ``cause``
+    to their kind (``checkpoint_save``, ``compile``) with ``cause_detail``
+    (how many, how long, called where).  Empty when fewer than three steps
+    were timed.
     """
     if len(times_s) < 3:
         return []
@@ -82,5 +121,8 @@ def outlier_steps(times_s: list[float], warmup: int = 0, summary: TraceSummary |
             row["buckets_us"] = {k: round(v, 1) for k, v in profiled[n].items()}
         else:
             row["cause"] = "not_observable"
+        named = _event_cause([e for e in events or [] if e["step"] == n], t - med)
+        if named is not None:
+            row["cause"], row["cause_detail"] = named
         out.append(row)
     return out

@@ -50,14 +50,17 @@ def invariants_markdown(invariants) -> list[str]:
 def outliers_markdown(outliers: list[dict]) -> list[str]:
     """The original run's outlier steps (:func:`goblin_assets.measure.step_outliers.outlier_steps`: past 1.5x the
     median step, TraceLens's criterion) after the warm-up as a markdown table: step, seconds, ratio to the median
-    and the bucket that grew most (``not_observable`` for a step the profiler did not record).  A slow warm-up
-    step is expected (allocation, autotuning, caches) and is not listed.  Empty when none."""
+    and the cause: a timed event that explains most of the step's excess (``checkpoint_save``, ``compile``, with
+    how long and where), else the bucket that grew most (``not_observable`` for a step the profiler did not
+    record).  A slow warm-up step is expected (allocation, autotuning, caches) and is not listed.  Empty when
+    none."""
     measured = [o for o in outliers if o.get("phase") == "measured"]
     if not measured:
         return []
     out = ["## Outlier steps (original run, past 1.5x the median step)", "",
            "| step | time | × median | cause |", "|---|---|---|---|"]
-    out += [f"| {o['step']} | {o['time_s'] * 1e3:.1f} ms | {o['ratio']:.1f}x | {o['cause']} |" for o in measured]
+    out += [f"| {o['step']} | {o['time_s'] * 1e3:.1f} ms | {o['ratio']:.1f}x | {o['cause']}"
+            f"{': ' + o['cause_detail'].replace('|', '/') if o.get('cause_detail') else ''} |" for o in measured]
     return [*out, ""]
 
 

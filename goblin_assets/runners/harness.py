@@ -56,6 +56,7 @@ them from :mod:`goblin_assets.host`, which this child would see the same way.
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.abc
 import json
@@ -104,6 +105,22 @@ def sibling(name: str):
 
 #: Tensor census, saved activations, device allocator history (runners/memory_probe.py).
 _memory_probe = sibling("memory_probe")
+
+
+#: The most ``torch.save`` calls recorded (a script that saves every step stays bounded).
+MAX_SAVES = 200
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+
+
+def _caller_outside_torch() -> str | None:
+    """``file:line in function`` of the innermost frame outside torch and this file (None when there is none)."""
+    f = sys._getframe(2)
+    while f is not None:
+        name = f.f_code.co_filename
+        if not name.startswith(_TORCH_DIR) and name != __file__:
+            return f"{Path(name).name}:{f.f_lineno} in {f.f_code.co_name}"
+        f = f.f_back
+    return None
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -268,6 +285,7 @@ class Harness:
         self.prefetch_depth: int | None = None  # batches a loader's workers queue ahead (workers x prefetch_factor)
         self.prefetch_warmup = 0  # optimizer steps added to the warm-up to drain that queue
         self.all_step_s: list[float] = []  # seconds of every optimizer step, step 1 first
+        self.saves: list[dict] = []  # every torch.save: the step it ran in, its seconds, who called it
         self.dataset_samples: int | None = None  # len() of the first loader's dataset (None: unknown)
         self.dataset_class: str | None = None  # the first loader's dataset class, module-qualified
         self.dataset_in_memory: bool | None = None  # its items are slices of tensors already in memory
@@ -334,10 +352,24 @@ class Harness:
 
     # -- the run's own signals -----------------------------------------------------
     def install_signal_hooks(self) -> None:
-        """Record Python warnings (deduplicated), each step's loss (the last scalar ``.backward()``) and,
-        before each optimizer step, how many trainable parameters have no gradient."""
+        """Record Python warnings (deduplicated), each step's loss (the last scalar ``.backward()``), before
+        each optimizer step how many trainable parameters have no gradient, and every ``torch.save`` (a checkpoint
+        save: the step it ran in, its seconds and the innermost caller outside torch; at most :data:`MAX_SAVES`)."""
         h = self
         show = warnings.showwarning
+        save = torch.save
+
+        @functools.wraps(save)
+        def timed_save(*a, **kw):
+            t0 = time.perf_counter()
+            try:
+                return save(*a, **kw)
+            finally:
+                if len(h.saves) < MAX_SAVES:
+                    h.saves.append({"step": h.step + 1, "seconds": time.perf_counter() - t0,
+                                    "where": _caller_outside_torch()})
+
+        torch.save = timed_save
 
         def showwarning(message, category, filename, lineno, file=None, line=None):
             key = (category.__name__, str(message)[:500])
@@ -573,7 +605,7 @@ class Harness:
             first_nonfinite_step=self.first_nonfinite, memory=self.memory.result(),
             observed=self.observer.record() if getattr(self, "observer", None) is not None else None,
             dynamo=self.compile_probe.summary() if self.compile_probe is not None else None,
-            all_step_times_s=self.all_step_s,
+            all_step_times_s=self.all_step_s, saves=self.saves,
         )
         if self.device_kind == "cuda":
             result["device_name"] = torch.cuda.get_device_name(0)

@@ -315,6 +315,9 @@ class HarnessResult(BaseModel):
     ``saved_activation_bytes_by_step``.
     ``all_step_times_s``: the seconds of every optimizer step the harness
     ran, warm-up included (step 1 first; step 1 counts from the script's start).
+    ``saves``: every ``torch.save`` of the run (a checkpoint save), at most 200:
+    ``{"step"`` (the optimizer step it ran in, 1-based), ``"seconds"``,
+    ``"where"`` (``file:line in function`` of the innermost caller outside torch)``}``.
     Host facts (cores, CPU instruction sets) are not the harness's to report:
     they come from :mod:`goblin_assets.host`.
     """
@@ -349,6 +352,7 @@ class HarnessResult(BaseModel):
     nonfinite_params: list[str] = Field(default_factory=list)
     first_nonfinite_step: int | None = None
     all_step_times_s: list[float] = Field(default_factory=list)
+    saves: list[dict[str, Any]] = Field(default_factory=list)
     python_warnings: list[PyWarning] = Field(default_factory=list)
     losses: list[float | str | None] = Field(default_factory=list)
     grads_missing: list[int] = Field(default_factory=list)
