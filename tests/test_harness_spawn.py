@@ -28,3 +28,23 @@ def test_a_loader_with_fresh_interpreter_workers_runs_and_is_observed(context, t
     assert m.samples_per_step == 32
     obs = {f: v for f, (v, _) in observed_values(m.observed).items()}
     assert (obs["batch_size"], obs["dataloader_workers"]) == (32, 1)
+
+
+@pytest.mark.slow
+def test_a_hung_spawn_worker_is_dumped_with_its_waiting_line(tmp_path, monkeypatch):
+    """From item 160 on the spawn worker waits for ever: after 5 steps the stall watch stops the run, and the
+    dump holds the worker's stack too (its target imports spawn_hook/goblin_stall_worker.py, which registers
+    it), with the line it waits in."""
+    from goblin_assets.measure.hang import read_hang_state
+
+    monkeypatch.setenv("GOBLIN_HOME", str(tmp_path / "home"))
+    wl = load_workload(WORKLOAD).model_copy(update={"args": ["--hang-after", "160"]})
+    raw = LocalRunner(device="cpu", timeout_s=90, mem_cap_gb=None, stall_min_s=3.0).run(wl, "profile", steps=10,
+                                                                                        warmup=2)
+    assert not raw.ok and "hung: no optimizer step finished" in raw.failure, raw.failure
+    assert "after step 5 " in raw.failure
+    state = read_hang_state(raw.run_dir)
+    assert sorted(p.role for p in state.processes) == ["DataLoader worker", "training process"]
+    worker = next(p for p in state.processes if p.role == "DataLoader worker")
+    assert any(t.user_line == "train.py:25" and t.wait == "lock" for t in worker.threads), worker
+    assert "DataLoader worker" in raw.failure and "train.py:25" in raw.failure, raw.failure

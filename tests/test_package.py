@@ -110,6 +110,7 @@ def test_wheel_contains_the_package_data(wheel):
             "goblin_assets/kb/data/phrases.yaml", "goblin_assets/rocm_image.lock"} <= set(PACKAGE_DATA)
     assert any(p.startswith("goblin_assets/dbt_like_sql/staging/") for p in PACKAGE_DATA)
     assert any(p.startswith("goblin_assets/dbt_like_sql/marts/") for p in PACKAGE_DATA)
+    assert "goblin_assets/runners/spawn_hook/goblin_stall_worker.py" in names  # not a package: package data
 
 
 def test_fresh_venv_imports_the_wheel_not_the_checkout(fresh_venv, elsewhere):

@@ -12,11 +12,11 @@ process whose threads all block in a lock, a queue or a system call:
 https://docs.python.org/3/library/faulthandler.html#dumping-the-traceback-on-a-user-signal);
 wraps the DataLoader's worker loop so that each worker process registers its
 own file (workers started by ``fork``, Linux's default, run the wrapped loop;
-the wrapper carries the original's module and qualified name, so a ``spawn``
-or ``forkserver`` worker, which unpickles its target by name in a fresh
-interpreter, runs torch's own loop unhooked and the dump says which processes
-answered; a wrapper pickle could not find would stop every such DataLoader
-before its first batch); and appends one heartbeat line per optimizer step
+a ``spawn`` or ``forkserver`` worker unpickles its target by name in a fresh
+interpreter, so the wrapper pickles as ``goblin_stall_worker.worker_loop``,
+the one file of ``spawn_hook/``, which registers the worker's file and runs
+torch's loop; a wrapper that pickle could not find would stop every such
+DataLoader before its first batch); and appends one heartbeat line per optimizer step
 to ``RUN_DIR/progress.txt`` (``<step> <CLOCK_MONOTONIC seconds>``; ``done``
 once the step budget is spent, so the loader teardown and the trace export
 after it are not mistaken for a stall).
@@ -94,7 +94,7 @@ def install(out_dir: str | Path, worker_module=None) -> Heartbeat:
     if worker_module is not None and hasattr(worker_module, "_worker_loop"):
         loop = worker_module._worker_loop
 
-        @functools.wraps(loop)  # pickled by reference as torch's own loop: a spawn worker runs the original
+        @functools.wraps(loop)  # unless _spawn_target renames it: pickled as torch's own loop
         def _worker_loop(*args, **kwargs):
             try:
                 _files.clear()  # the parent's file objects, inherited by fork: not this worker's
@@ -103,8 +103,35 @@ def install(out_dir: str | Path, worker_module=None) -> Heartbeat:
                 pass  # a worker that cannot open its file still loads data
             return loop(*args, **kwargs)
 
+        _spawn_target(_worker_loop, out)
         worker_module._worker_loop = _worker_loop
     return Heartbeat(out)
+
+
+#: The folder of the worker loop that ``spawn`` and ``forkserver`` workers import (one file, stdlib only).
+SPAWN_HOOK_DIR = Path(__file__).with_name("spawn_hook")
+SPAWN_HOOK_MODULE = "goblin_stall_worker"
+
+
+def _spawn_target(wrapper, out: Path) -> None:
+    """Make ``wrapper`` pickle as ``goblin_stall_worker.worker_loop`` (spawn_hook/), which a fresh-interpreter
+    worker imports and runs: it registers its own dump file, then torch's loop.  The folder goes at the end of
+    ``sys.path`` (spawn and forkserver children get the parent's), the run folder and this file's path into
+    the environment.  When that cannot be set up, ``wrapper`` keeps torch's name and such a worker runs
+    torch's loop unhooked."""
+    import importlib
+    import sys
+
+    try:
+        if str(SPAWN_HOOK_DIR) not in sys.path:
+            sys.path.append(str(SPAWN_HOOK_DIR))
+        shim = importlib.import_module(SPAWN_HOOK_MODULE)
+    except ImportError:
+        return
+    os.environ[shim.RUN_DIR_ENV] = str(out)
+    os.environ[shim.STALL_ENV] = str(Path(__file__).resolve())
+    wrapper.__module__, wrapper.__name__, wrapper.__qualname__ = SPAWN_HOOK_MODULE, "worker_loop", "worker_loop"
+    shim.worker_loop = wrapper  # pickle checks that the name finds this very object
 
 
 def read_progress(run_dir: Path) -> tuple[list[float], bool]:
