@@ -98,9 +98,16 @@ def test_minilm_audit_end_to_end(tmp_path, minilm_audit):
     assert not {k: i.message for k, i in invs.items() if i.status == "fired" and i.severity != "info"}
     assert invs["numerics_vs_reference"].status == "silent" and invs["grad_below_normal"].status == "silent"
 
-    # the rules come from the KB, with their citations; no special case in code
+    # the rules come from the KB, with their citations; no special case in code.  Both fire and are applied;
+    # when the whole patch measures slower, each rule is measured alone and one measured slower alone is dropped
+    # as not recommended (a loaded machine can flip SDPA against eager on this small model: which way is a
+    # benchmark's question), so the offer is the rest
     applied = {a.rule_id for a in res.patch().applied}
-    assert applied == {"data.dynamic_padding", "attention.eager_to_sdpa"}
+    slower = {r["rule_id"] for r in res.results.get("rule_isolation", []) if r["slower"]}
+    assert "data.dynamic_padding" in applied and not applied & slower
+    assert applied | slower == {"data.dynamic_padding", "attention.eager_to_sdpa"}, (applied, slower)
+    for rid in slower:
+        assert any(d.startswith(f"{rid}:") and "not recommended: measured alone" in d for d in res.patch().dropped)
     for a in res.patch().applied:
         assert a.citation == kb.by_id[a.rule_id].citation and a.citation.url.startswith("https://")
     assert res.profile_run().padding_share > 0.3 and res.patched_run().padding_share < 0.15
