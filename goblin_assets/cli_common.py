@@ -97,8 +97,9 @@ def complete_audit(s, frames: dict | None = None, mlflow: str | None = None) -> 
     """Run every stage of session ``s``, write its rows (and ``frames``) to the warehouse, log it to MLflow.
 
     What ``goblin audit`` and the ``audit`` tool of ``goblin mcp`` do.  Returns (completed, MLflow run id):
-    completed is False when the original failed as written (:meth:`AuditSession.failure_json`; no warehouse
-    row is written then, and the MLflow run holds the failure: its diagnosis, report and verdict), the run
+    completed is False when the original failed as written (:meth:`AuditSession.failure_json`; its
+    ``run_failures`` and ``audits`` rows are written then, and the MLflow run holds the failure: its
+    diagnosis, report and verdict), the run
     id is None without a tracking URI (``mlflow`` or ``$GOBLIN_MLFLOW_TRACKING_URI``).
 
     Raises the stages' GoblinErrors (a run of the patch failing included) and
@@ -113,6 +114,8 @@ def complete_audit(s, frames: dict | None = None, mlflow: str | None = None) -> 
     except RunFailed:
         if not s.results.get("failure"):  # a run of the patch failing is the audit's own error
             raise
+        counts = write(s.failure_rows())
+        console.print(f"[dim]warehouse: {sum(counts.values())} rows in {len(counts)} tables[/dim]")
         return False, log_audit(s, mlflow)  # the original failed as written: the audit's finding, with its report
     counts = write({**s.frames(), **(frames or {})})
     console.print(f"[dim]warehouse: {sum(counts.values())} rows in {len(counts)} tables[/dim]")

@@ -16,6 +16,7 @@ import json
 import shutil
 
 import dagster as dg
+import duckdb
 import pytest
 
 from goblin_assets.audit.corpus import corpus_recall, judge_scenario, recording_problem
@@ -88,13 +89,26 @@ def test_the_good_partition_materializes_and_the_failed_recording_is_audited_as_
     assert _checks(bad)["scenario_recording"]
     ev = next(e for e in bad.get_asset_check_evaluations() if e.check_name == "scenario_recording")
     assert ev.metadata["reason"].value == "a recording of a failed run: audited as the failure it records"
-    assert not bad.asset_materializations_for_node("profile_run")    # no run to hand on: the rest is skipped
+    mats = {m.asset_key.to_user_string(): m for e in bad.all_events if e.event_type_value == "ASSET_MATERIALIZATION"
+            for m in [e.event_specific_data.materialization]}
+    assert "profile_run" not in mats                     # no run to hand on: the stages that need one are skipped
     obs = [e.event_specific_data.asset_observation for e in bad.all_events if e.event_type_value == "ASSET_OBSERVATION"]
     meta = next(o.metadata for o in obs if o.asset_key == dg.AssetKey("profile_run"))
     assert meta["verdict_status"].value == "failed" and meta["failure_class"].value == "out_of_memory"
     assert "memory.out_of_memory_failure" in meta["fired_rules"].value
     assert "## Diagnosis" in meta["report"].value and "CUDA out of memory" in meta["report"].value
-    assert not bad.asset_materializations_for_node("audit_report")
+    # the report is the audit's result: audit_report is materialized for the partition, with the same verdict
+    assert set(mats) == {"workload_source", "training_config", "audit_report"}
+    rep = mats["audit_report"].metadata
+    assert rep["verdict_status"].value == "failed" and rep["report"].value == meta["report"].value
+    assert instance.get_latest_materialization_event(dg.AssetKey("audit_report"))
+    with duckdb.connect(resources["warehouse"].duckdb.database, read_only=True) as con:
+        fail = con.execute("SELECT failure_class, stage, fired_rules, hung FROM run_failures").fetchall()
+        audits = con.execute("SELECT verdict, healthy, patch_offered, measured_speedup FROM audits "
+                             "WHERE workload = 'failed_recording'").fetchall()
+    assert len(fail) == 1 and fail[0][0] == "out_of_memory" and fail[0][1] == "profile_run" and not fail[0][3]
+    assert "memory.out_of_memory_failure" in fail[0][2].split(",")
+    assert audits == [("failed", False, False, None)]
 
 
 def test_a_scenario_that_misses_its_rules_fails_its_own_kb_matches_check(corpus_instance):

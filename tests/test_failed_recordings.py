@@ -9,12 +9,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 
 from goblin_assets.cli import main
 from goblin_assets.measure.failure import FAILURE_SIGNALS, diagnose_failure
 from goblin_assets.runners.workload import RECORDING_NAME
+from goblin_assets.warehouse.db import query
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -56,6 +58,12 @@ def test_a_failed_recording_ends_in_a_report_that_names_its_class(folder, goblin
     assert not set(spec.get("must_not_fire", [])) & set(doc["fired_rules"])
     report = Path(doc["report_path"]).read_text(encoding="utf-8")
     assert "## Diagnosis" in report and f"class `{diag['failure_class']}`" in report
+    # the failure is in the warehouse too: its run_failures row and the audit's row with its verdict
+    row = query("SELECT f.failure_class, f.fired_rules, a.verdict, a.measured_speedup FROM run_failures f "
+                "JOIN audits a USING (audit_id) WHERE audit_id = ?", params=[doc["audit_id"]])
+    assert row.shape[0] == 1 and row.failure_class[0] == diag["failure_class"]
+    assert row.verdict[0] == "failed" and pd.isna(row.measured_speedup[0])
+    assert set(filter(None, row.fired_rules[0].split(","))) == set(doc["fired_rules"])
     for rid in spec.get("must_fire", []):
         assert f"**{rid}**" in report
 

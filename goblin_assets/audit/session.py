@@ -225,6 +225,7 @@ class AuditSession:
         m = exc.metrics
         first, _, _ = str(exc).partition("\n--- stderr")
         self.results["failure"] = f"`{stage}`: {redact(first)}"
+        self.results["failure_stage"] = stage
         lines = [f"# Goblin audit: {self.workload.name} (the original program failed)", "",
                  f"**The audit stopped at `{stage}`: your program failed as written, before any patch.** "
                  f"{redact(first)}", "",
@@ -946,6 +947,18 @@ class AuditSession:
         """Ids of the KB rules that fired on the original's failure (``results["failure_matches"]``); [] when the
         original did not fail or nothing matched."""
         return [m.rule_id for m in self.results.get("failure_matches") or [] if m.fired]
+
+    def failure_rows(self) -> dict[str, pd.DataFrame]:
+        """The warehouse rows of an audit whose original failed as written (:attr:`results` ``failure`` set):
+        one ``run_failures`` row (class, diagnosis, matched rules, the out-of-memory record and its validated
+        fix) and one ``audits`` row with its verdict (warehouse/frames.py ``failure_frames``).
+
+        Raises KeyError when the original did not fail.
+        """
+        return F.failure_frames(self.audit_id, self.workload.name, self.workload.unit, self.results["failure_stage"],
+                                self.results["failure"], self.results.get("failure_diagnosis"), self.failure_rules(),
+                                self.verdict(), self.report_path, self.results.get("failure_kind") == "hung",
+                                self.results.get("oom_state"), self.results.get("oom_fix"))
 
     def failure_json(self) -> dict[str, Any]:
         """The ``goblin audit --json`` object of an audit whose original failed as written (the failure is its

@@ -107,12 +107,15 @@ def training_config(context: dg.AssetExecutionContext, workload_source: Workload
                                                                         + rows)})
 
 
-def _failed_original(context: dg.AssetExecutionContext, s: AuditSession):
+def _failed_original(context: dg.AssetExecutionContext, s: AuditSession, warehouse: WarehouseResource):
     """The events of a profile run whose original failed as written (live, or a recording of a failed run).
 
     The failure is the audit's finding: its report is written (report.md with the diagnosis and the rules that
-    match the failure), an observation of ``profile_run`` carries the verdict, and no output is yielded, so the
-    stages that need a run are skipped, not failed: the run succeeds (what ``goblin audit`` exit 0 is).  With
+    match the failure), its ``run_failures`` and ``audits`` rows go to the warehouse (what ``goblin audit``
+    writes for it), an observation of ``profile_run`` carries the verdict, and ``audit_report`` is recorded
+    as materialized for the partition with the report (a runtime materialization: the report asset's own
+    step is skipped, it has nothing measured to load).  No output is yielded, so the stages that need a run
+    are skipped, not failed: the run succeeds (what ``goblin audit`` exit 0 is).  With
     ``$GOBLIN_MLFLOW_TRACKING_URI`` the failure is logged as one MLflow run (tracking/mlflow_run.py, as
     ``goblin audit`` logs it); its id is in the observation.
     """
@@ -120,13 +123,18 @@ def _failed_original(context: dg.AssetExecutionContext, s: AuditSession):
     fired = s.failure_rules()
     report = s.report_path.read_text(encoding="utf-8") if s.report_path else ""
     context.log.info(f"profile_run: {v.headline}")
+    written = warehouse.write(s.failure_rows())
     mlflow_run = log_audit(s)
-    yield dg.AssetObservation(asset_key=context.asset_key, partition=context.partition_key, metadata={
-        **({"mlflow_run_id": mlflow_run} if mlflow_run else {}),
-        "verdict": v.headline, "verdict_status": v.status, "healthy": v.healthy,
-        "failure_class": diag.failure_class if diag is not None else "unknown",
-        "fired_rules": dg.MetadataValue.json(fired), "report": dg.MetadataValue.md(report),
-        "report_path": dg.MetadataValue.path(str(s.report_path))})
+    meta = {**({"mlflow_run_id": mlflow_run} if mlflow_run else {}),
+            "verdict": v.headline, "verdict_status": v.status, "healthy": v.healthy,
+            "failure_class": diag.failure_class if diag is not None else "unknown",
+            "fired_rules": dg.MetadataValue.json(fired), "report": dg.MetadataValue.md(report),
+            "report_path": dg.MetadataValue.path(str(s.report_path))}
+    yield dg.AssetObservation(asset_key=context.asset_key, partition=context.partition_key,
+                              metadata={**meta, **written})
+    context.log_event(dg.AssetMaterialization(asset_key=audit_report.key, partition=context.partition_key,
+                                              metadata={**meta, "patch_offered": False,
+                                                        "provenance": "failed as written"}))
     for spec in check_specs("profile_run"):
         yield dg.AssetCheckResult(check_name=spec.name, passed=True, metadata={
             "rows": 0, "reason": "no rows: the original program failed as written (see the profile_run observation)"})
@@ -154,7 +162,7 @@ def profile_run(context: dg.AssetExecutionContext, workload_source: Workload, ru
     except RunFailed:
         if not s.results.get("failure"):
             raise
-        yield from _failed_original(context, s)
+        yield from _failed_original(context, s, warehouse)
         return
     written = warehouse.write(s.rows("profile_run"))
     yield dg.MaterializeResult(value=m, check_results=[rows_check("profile_run", "kernels", written, warehouse)],

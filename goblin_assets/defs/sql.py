@@ -24,7 +24,8 @@ TABLE_PRODUCERS: dict[str, list[str]] = {
     "kb_matches": ["kb_matches"],
     "kb_embeddings": ["kb_index"],
     "benchmarks": ["benchmark_baseline", "benchmark_patched"],
-    "audits": ["audit_report"],
+    "audits": ["audit_report", "profile_run"],  # profile_run: an original that failed as written
+    "run_failures": ["profile_run"],
     "probes": ["probes"],
     "roofline": ["roofline"],
     "plan": ["plan"],

@@ -233,3 +233,43 @@ def memory_fit_frame(ans: dict, fit_id: str) -> pd.DataFrame:
                      "grad_accum": int(ch.get("grad_accum_steps", st["grad_accum"])),
                      "global_batch": int(lv["global_batch"]), "fits": _fits_word(lv["fits"])})
     return _frame("memory_fit", rows)
+
+
+def failure_frames(audit_id: str, workload: str, unit: str, stage: str, failure: str, diag, fired: list[str],
+                   verdict, report_path, hung: bool, oom_state: dict | None = None,
+                   oom_fix: dict | None = None) -> dict[str, pd.DataFrame]:
+    """The rows of an audit whose original failed as written: one ``run_failures`` row and one ``audits`` row.
+
+    ``diag``: :class:`~goblin_assets.measure.failure.FailureDiagnosis` (None: not diagnosed, class
+    ``unknown``); ``fired``: the rule ids that match the failure; ``verdict``: the audit's
+    :class:`~goblin_assets.report.verdict.Verdict`; ``oom_state``: the harness's record at an out-of-memory
+    failure (``phase``, ``steps_done``), ``oom_fix``: the validated fix (``change``, ``ok``,
+    ``samples_per_sec``), None when there is none.  The ``audits`` row has no throughput, speedup or patch:
+    nothing was benchmarked (null, never 0).
+    """
+    dev = getattr(diag, "device_oom", None)
+    st = oom_state or {}
+    now = datetime.now()
+    failures = _frame("run_failures", [{
+        "audit_id": audit_id, "workload": workload, "created_at": now, "stage": stage,
+        "failure_class": diag.failure_class if diag is not None else "unknown",
+        "label": diag.label if diag is not None else "the failure was not diagnosed",
+        "failure": redact(failure), "evidence": redact(diag.evidence) if diag is not None else "", "hung": hung,
+        "exit_status": diag.exit_status if diag is not None else None,
+        "last_step": diag.last_step if diag is not None else None,
+        "signals": ",".join(s.id for s in diag.signals) if diag is not None else "", "fired_rules": ",".join(fired),
+        "oom_kind": dev.kind if dev is not None else None,
+        "oom_request_bytes": float(dev.request_bytes) if dev is not None else None,
+        "oom_phase": st.get("phase"), "oom_step": st["steps_done"] + 1 if "steps_done" in st else None,
+        "fix_change_json": json.dumps(oom_fix["change"]) if oom_fix else None,
+        "fix_ran": oom_fix["ok"] if oom_fix else None,
+        "fix_samples_per_sec": oom_fix.get("samples_per_sec") if oom_fix else None,
+        "report_path": str(report_path) if report_path else None}])
+    audits = _frame("audits", [{
+        "audit_id": audit_id, "workload": workload, "created_at": now, "profile_run_id": f"{audit_id}-profile",
+        "baseline_run_id": None, "patched_run_id": None, "baseline_throughput_per_s": None,
+        "patched_throughput_per_s": None, "unit": unit, "measured_speedup": None, "predicted_speedup_low": None,
+        "predicted_speedup_high": None, "confidence": None, "rules": ",".join(fired), "diff": "",
+        "report_path": str(report_path) if report_path else None, "calibration_audits": 0,
+        "verdict": verdict.status, "healthy": verdict.healthy, "patch_offered": False}])
+    return {"run_failures": failures, "audits": audits}

@@ -469,3 +469,20 @@ TABLES.update({
         ("step", "BIGINT", False),
     ],
 })
+
+
+# --- a run of the original that failed as written (issue 26): the failure is the audit's finding ---
+TABLES.update({
+    "run_failures": [
+        ("audit_id", "VARCHAR", False), ("workload", "VARCHAR", False), ("created_at", "TIMESTAMP", False),
+        ("stage", "VARCHAR", False), ("failure_class", "VARCHAR", False), ("label", "VARCHAR", False),
+        ("failure", "VARCHAR", False), ("evidence", "VARCHAR", False), ("hung", "BOOLEAN", False),
+        ("exit_status", "BIGINT", True), ("last_step", "BIGINT", True), ("signals", "VARCHAR", False),
+        ("fired_rules", "VARCHAR", False), ("oom_kind", "VARCHAR", True), ("oom_request_bytes", "DOUBLE", True),
+        ("oom_phase", "VARCHAR", True), ("oom_step", "BIGINT", True), ("fix_change_json", "VARCHAR", True),
+        ("fix_ran", "BOOLEAN", True), ("fix_samples_per_sec", "DOUBLE", True), ("report_path", "VARCHAR", True),
+    ],
+})
+_CHECKS.update({
+    ("run_failures", "oom_request_bytes"): [pa.Check.ge(0)],
+})
