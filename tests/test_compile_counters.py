@@ -65,6 +65,31 @@ def test_recompiles_name_the_failing_guard_and_the_line(compiled):
     assert "compiling took" in stats.headline() and "train.py:25" in stats.headline()
 
 
+def test_graphs_and_recompiles_equal_a_compile_counter_over_the_same_calls(compiled, monkeypatch):
+    """``explain`` sees one call; recompiles happen across calls.  The reference across calls is dynamo's own
+    ``CompileCounterWithBackend`` (its backend is called once per graph compiled) on the same program, run
+    in this process for as many steps as the harness saw: every graph the harness counted is one it
+    compiled, and the recompiles are the graphs past the first call's (``explain``'s graph count)."""
+    import runpy
+    import sys
+
+    import torch
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    stats = compile_stats(compiled.result.dynamo)
+    counter = CompileCounterWithBackend("eager")
+    compile_ = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda model, backend=None, **kw: compile_(model, backend=counter, **kw))
+    monkeypatch.setattr(sys, "argv", ["train.py", "--steps", str(compiled.result.steps_seen)])
+    torch._dynamo.reset()
+    try:
+        runpy.run_path(str(WORKLOAD / "train.py"), run_name="__main__")
+    finally:
+        torch._dynamo.reset()
+    assert stats.graphs == counter.frame_count == 5
+    assert len(stats.recompiles) == counter.frame_count - stats.first_call_graphs == 3
+
+
 def test_signals_and_rules_read_the_record(compiled):
     counts = signal_counts(run_signals(compiled.result))
     assert counts["dynamo_graph_breaks"] == 1 and counts["dynamo_graph_break_item"] == 1
