@@ -65,3 +65,46 @@ def test_the_fix_keeps_the_global_batch_and_runs_under_the_same_cap(oom_audit):
     assert "KB rule `memory.oom_split_micro_batch` (Hugging Face Transformers: GPU training" in report
     # the patched run ran under the same runner, so under the same address-space cap
     assert s.runner.mem_cap_gb == CAP_GB
+
+
+DEEP = Path(__file__).resolve().parent / "data" / "deep_mlp_oom"
+
+
+@pytest.fixture(scope="module")
+def deep_audit(tmp_path_factory):
+    """tests/data/deep_mlp_oom under the same cap: one 8192-position sequence through 12 residual MLP blocks
+    keeps ~0.9 GB of activations, and its micro-batch is already 1."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("GOBLIN_HOME", str(tmp_path_factory.mktemp("deep_home")))
+    try:
+        st = AuditSettings(kind="local", device="cpu", mem_cap_gb=CAP_GB, warmup_steps=1, profiled_steps=2)
+        s = AuditSession.open(load_workload(DEEP), settings=st)
+        with pytest.raises(RunFailed):
+            s.profile_run()
+        yield s, s.report_path.read_text(encoding="utf-8")
+    finally:
+        mp.undo()
+
+
+def test_when_no_split_can_help_checkpointing_is_written_and_runs_under_the_same_cap(deep_audit):
+    s, report = deep_audit
+    cfg = s.training_config()
+    # the checkpoint(...) call runs only when the flag is set: the flag's default decides, not the call's presence
+    assert cfg.gradient_checkpointing is False and cfg.batch_size == 1
+    fix = s.results["oom_fix"]
+    assert fix["lever"] == "gradient_checkpointing" and fix["rule"] == "memory.oom_gradient_checkpointing"
+    assert fix["change"] == {"gradient_checkpointing": True}
+    assert '"--gradient-checkpointing", action="store_true", default=True)' in fix["diff"]
+    assert fix["global_batch_before"] == fix["global_batch_after"] == 1
+    assert "the probe at micro-batch 2 failed" in fix["why_not_split"]
+    assert fix["ok"], fix["failure"]
+    assert fix["samples_per_sec"] > 0 and fix["predicted_peak_bytes"] is None
+    assert "Turn on gradient checkpointing: gradient_checkpointing=True" in report
+    assert "**original: out of memory at step 1 (forward" in report
+    assert f"patched: ran, {fix['samples_per_sec']:.2f} samples/s**" in report
+    doc = s.failure_json()
+    assert doc["oom_fix"]["lever"] == "gradient_checkpointing" and doc["oom_fix"]["ok"]
+    assert "memory.oom_gradient_checkpointing" in doc["fired_rules"]
+    assert "the runner's address-space cap" in doc["failure"]
+    rows = s.failure_rows()["run_failures"]
+    assert rows.fix_ran[0] and rows.oom_phase[0].startswith("forward") and rows.oom_step[0] == 1

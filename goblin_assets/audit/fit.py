@@ -252,17 +252,22 @@ def fit_text(ans: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def oom_fix(session: AuditSession) -> dict[str, Any] | None:
-    """The fix of an out-of-memory original that keeps its training: the memory model's micro-batch split.
+def _validate(session: AuditSession, change: dict[str, Any], label: str) -> tuple[AuditSession, RawRun, float | None]:
+    """Write ``change`` into a what-if copy and run it once under the same runner (the same memory cap) in
+    benchmark mode; the copy, its run and its samples/s (None when not observable)."""
+    variant = session.what_if(change)
+    raw = variant.runner.run(variant.workload, "benchmark", steps=1, warmup=1, label=label)
+    sps = None
+    if raw.ok and raw.result is not None:
+        samples = sum(p.samples for p in raw.result.per_step)
+        secs = sum(p.step_time_s for p in raw.result.per_step)
+        sps = samples / secs if secs > 0 else None
+    return variant, raw, sps
 
-    The micro-batch is halved (the accumulation doubled, so the global batch
-    stays) until the model's predicted peak fits :data:`FIX_BUDGET_SHARE` of
-    the same budget the original ran under; the patched copy is written as a what-if and run under the same
-    runner (the same memory cap) in benchmark mode.  Returns ``{"change",
-    "global_batch_before", "global_batch_after", "predicted_peak_bytes",
-    "budget_bytes", "diff", "ok", "failure", "samples_per_sec"}``, or None
-    when no split fits (``reason`` then in ``session.not_observable``).
-    """
+
+def _split_fix(session: AuditSession) -> dict[str, Any] | None:
+    """The micro-batch split the memory model sizes, validated (see :func:`oom_fix`); None, with the reason in
+    ``session.not_observable["oom_fix"]``, when the probes fail or no split fits."""
     from goblin_assets.measure.memory_model import smallest_fitting_micro_batch
 
     try:
@@ -280,18 +285,68 @@ def oom_fix(session: AuditSession) -> dict[str, Any] | None:
     before = step_memory(facts)
     after = step_memory(facts, micro_batch=mb, grad_accum=ga)
     change = {"batch_size": mb, "grad_accum_steps": ga}
-    variant = session.what_if(change)
-    raw = variant.runner.run(variant.workload, "benchmark", steps=1, warmup=1, label="oom-fix")
-    sps = None
-    if raw.ok and raw.result is not None:
-        samples = sum(p.samples for p in raw.result.per_step)
-        secs = sum(p.step_time_s for p in raw.result.per_step)
-        sps = samples / secs if secs > 0 else None
-    return {"change": change, "global_batch_before": before.global_batch, "global_batch_after": after.global_batch,
+    variant, raw, sps = _validate(session, change, "oom-fix")
+    return {"lever": "micro_batch", "rule": OOM_RULES[0], "change": change,
+            "global_batch_before": before.global_batch, "global_batch_after": after.global_batch,
             "predicted_peak_bytes_before": before.peak_bytes, "predicted_peak_bytes": after.peak_bytes,
             "budget_bytes": limit, "budget_basis": basis, "diff": variant.whatif_diff, "ok": raw.ok,
             "failure": raw.failure, "samples_per_sec": sps, "run_dir": str(raw.run_dir), "facts_notes": facts.notes,
             "terms_before": before.as_dict()["terms"], "optimizer": facts.optimizer}
+
+
+def _checkpointing_fix(session: AuditSession, why_not_split: str) -> dict[str, Any] | None:
+    """Gradient checkpointing written into the user's file and validated under the same cap, for when no
+    micro-batch split fits or ran (KB rule ``memory.oom_gradient_checkpointing``); the micro-batch and the
+    accumulation are kept, so the global batch is.  None (the reason appended to ``session.not_observable
+    ["oom_fix"]``) when checkpointing is already on, undetermined, or the file has nothing that turns it on."""
+    cfg = session.training_config()
+    on = cfg.gradient_checkpointing
+    reason = None
+    if on is True:
+        reason = "gradient checkpointing is already on"
+    else:
+        variant = session.what_if({"gradient_checkpointing": True})
+        if variant is session or not variant.whatif_diff:
+            reason = f"{cfg.source_file} has no setting that turns gradient checkpointing on"
+    if reason is not None:
+        session.not_observable["oom_fix"] = f"{why_not_split}; checkpointing: {reason}"
+        return None
+    variant, raw, sps = _validate(session, {"gradient_checkpointing": True}, "oom-fix-checkpointing")
+    mb, ga = cfg.batch_size, cfg.grad_accum_steps or 1
+    glob = mb * ga if mb is not None else None
+    return {"lever": "gradient_checkpointing", "rule": OOM_RULES[1], "change": {"gradient_checkpointing": True},
+            "global_batch_before": glob, "global_batch_after": glob, "why_not_split": why_not_split,
+            "predicted_peak_bytes_before": None, "predicted_peak_bytes": None, "budget_bytes": None,
+            "budget_basis": "not predicted: " + why_not_split, "diff": variant.whatif_diff, "ok": raw.ok,
+            "failure": raw.failure, "samples_per_sec": sps, "run_dir": str(raw.run_dir), "facts_notes": [],
+            "terms_before": [], "optimizer": cfg.optimizer}
+
+
+def oom_fix(session: AuditSession) -> dict[str, Any] | None:
+    """The fix of an out-of-memory original that keeps its training, validated under the same memory limit.
+
+    First the memory model's micro-batch split (KB rule ``memory.oom_split_micro_batch``): the micro-batch
+    is halved (the accumulation doubled, so the global batch stays) until the model's predicted peak fits
+    :data:`FIX_BUDGET_SHARE` of the same budget the original ran under.  When the probes cannot run (a
+    micro-batch of 2 already fails), no split fits, or the split fails too, gradient checkpointing (KB rule
+    ``memory.oom_gradient_checkpointing``) is written into the user's file instead, when the file has a
+    setting for it.  The patched copy is written as a what-if and run under the same runner (the same memory
+    cap) in benchmark mode.
+
+    Returns ``{"lever" (micro_batch | gradient_checkpointing), "rule", "change", "global_batch_before",
+    "global_batch_after", "predicted_peak_bytes" (None: not predicted), "budget_bytes", "diff", "ok",
+    "failure", "samples_per_sec", ...}``: the first fix that ran, else the split that failed; None when
+    neither could be tried (the reasons in ``session.not_observable["oom_fix"]``).
+    """
+    split = _split_fix(session)
+    if split is not None and split["ok"]:
+        return split
+    why = session.not_observable.get("oom_fix") if split is None else f"the split failed too ({split['failure']})"
+    ck = _checkpointing_fix(session, why)
+    if ck is not None and (ck["ok"] or split is None):
+        session.not_observable.pop("oom_fix", None)
+        return ck
+    return split
 
 
 def _consumers(state: dict[str, Any] | None) -> list[str]:
@@ -349,19 +404,27 @@ def oom_report_lines(state: dict[str, Any] | None, fix: dict[str, Any] | None, w
         lines += [f"Device memory snapshot at the failure: `{s['snapshot']}` (read it with `goblin memory`).", ""]
     if fix is None:
         lines += [f"No fix was validated: {why_not or 'not observable'}. When a micro-batch of one does not fit, "
-                  f"gradient checkpointing is the next lever: {_cite(rules, OOM_RULES[1])}.", ""]
+                  f"gradient checkpointing is the next lever ({_cite(rules, OOM_RULES[1])}): turn it on where your "
+                  "model is built.", ""]
         return lines
     ch = ", ".join(f"{k}={v}" for k, v in fix["change"].items())
-    lines += ["### The fix (keeps the training you asked for)", "",
-              f"Lower the micro-batch and raise gradient accumulation: {ch}. Global batch before "
-              f"{fix['global_batch_before']}, after {fix['global_batch_after']} ({_cite(rules, OOM_RULES[0])}). "
-              f"The memory model predicts a peak of "
-              f"{size_gb(fix['predicted_peak_bytes'])} (was {size_gb(fix['predicted_peak_bytes_before'])}) against "
-              f"{size_gb(fix['budget_bytes'])} (the split must fit {FIX_BUDGET_SHARE:.0%} of it): "
-              f"{fix['budget_basis']}.", ""]
-    lines += ["| term | before | provenance |", "|---|---|---|"]
-    lines += [f"| {t['name']} | {size_gb(t['bytes'])} | {t['provenance']} |" for t in fix["terms_before"]]
-    lines += ["", "```diff", fix["diff"].rstrip(), "```", ""]
+    lines += ["### The fix (keeps the training you asked for)", ""]
+    if fix.get("lever", "micro_batch") == "micro_batch":
+        lines += [f"Lower the micro-batch and raise gradient accumulation: {ch}. Global batch before "
+                  f"{fix['global_batch_before']}, after {fix['global_batch_after']} ({_cite(rules, OOM_RULES[0])}). "
+                  f"The memory model predicts a peak of "
+                  f"{size_gb(fix['predicted_peak_bytes'])} (was {size_gb(fix['predicted_peak_bytes_before'])}) "
+                  f"against {size_gb(fix['budget_bytes'])} (the split must fit {FIX_BUDGET_SHARE:.0%} of it): "
+                  f"{fix['budget_basis']}.", ""]
+        lines += ["| term | before | provenance |", "|---|---|---|"]
+        lines += [f"| {t['name']} | {size_gb(t['bytes'])} | {t['provenance']} |" for t in fix["terms_before"]]
+        lines += [""]
+    else:
+        lines += [f"Turn on gradient checkpointing: {ch}; the micro-batch and the accumulation stay, so the global "
+                  f"batch stays {fix['global_batch_before']} ({_cite(rules, OOM_RULES[1])}). No micro-batch split "
+                  f"was the fix: {fix['why_not_split']}. Its peak is not predicted (the activations kept under "
+                  "checkpointing need the model's layer dimensions); the run below is the evidence.", ""]
+    lines += ["```diff", fix["diff"].rstrip(), "```", ""]
     at = f"out of memory at step {step} ({phase})"
     if fix["ok"]:
         sps = f"{fix['samples_per_sec']:.2f} samples/s" if fix["samples_per_sec"] else "throughput not observable"

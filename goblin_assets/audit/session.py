@@ -95,6 +95,10 @@ from goblin_assets.warehouse.tables import columns
 
 Log = Callable[[str], None]
 
+#: The keys of ``goblin audit --json``'s ``oom_fix`` object (a contract: extend, never rename).
+OOM_FIX_KEYS = ("lever", "rule", "change", "global_batch_before", "global_batch_after", "ok", "failure",
+                "samples_per_sec", "predicted_peak_bytes", "diff")
+
 #: The stages of an audit, in the order a full audit runs them (each is a method of AuditSession and an asset).
 STAGES: tuple[str, ...] = ("training_config", "profile_run", "waste_budget", "tensor_sketches", "mined_patterns",
                            "kb_index", "kb_matches", "patch", "benchmarks", "patched_run", "audit_report")
@@ -964,7 +968,11 @@ class AuditSession:
         """The ``goblin audit --json`` object of an audit whose original failed as written (the failure is its
         finding; :attr:`results` ``failure`` is set): ``verdict``, ``audit_id``, ``workload``, ``failure`` (the
         one-line reason), ``report_path``, ``failure_diagnosis`` (:meth:`FailureDiagnosis.to_json`, None when
-        the failure was not diagnosed), ``fired_rules`` (the rules that match the failure) and ``not_observable``.
+        the failure was not diagnosed), ``fired_rules`` (the rules that match the failure), ``not_observable``
+        and, added later, ``oom_fix``: the out-of-memory fix validated under the same memory limit
+        (``lever``, ``rule``, ``change``, ``global_batch_before``/``_after``, ``ok``, ``failure``,
+        ``samples_per_sec``, ``predicted_peak_bytes``, ``diff``; :func:`goblin_assets.audit.fit.oom_fix`), None
+        when there is none.
 
         Raises KeyError when the original did not fail.
         """
@@ -973,7 +981,8 @@ class AuditSession:
                 "failure": self.results["failure"], "report_path": str(self.report_path),
                 "failure_diagnosis": diag.to_json() if diag is not None else None,
                 "fired_rules": self.failure_rules(),
-                "not_observable": dict(self.not_observable)}
+                "not_observable": dict(self.not_observable),
+                "oom_fix": {k: fix.get(k) for k in OOM_FIX_KEYS} if (fix := self.results.get("oom_fix")) else None}
 
     def write_html(self, path: Path) -> Path:
         """The report as one self-contained HTML file at ``path``; returns it."""

@@ -165,8 +165,12 @@ class _Analysis:
             off = s.argument(call, "use_gradient_checkpointing")
             # a value passed through (training_args.gradient_checkpointing) only turns it on when it is on
             if off is None or convert("checkpointing", s.resolve(off).value)[0] is True:
-                self.infer("gradient_checkpointing", True, F.R_PATTERN, call,
-                           F.CHECKPOINTING_CALLS.get(tail, f"{name}(...) from {F.CHECKPOINT_MODULE}"))
+                what = F.CHECKPOINTING_CALLS.get(tail, f"{name}(...) from {F.CHECKPOINT_MODULE}")
+                if s.live(call) is None:  # under a test decided at run time: a flag named like the field wins
+                    self.infer("gradient_checkpointing", True, F.R_NAME - 1, call,
+                               f"{what}, under a condition decided at run time")
+                else:
+                    self.infer("gradient_checkpointing", True, F.R_PATTERN, call, what)
         elif tail in F.PADDING_COLLATORS:
             self._collator(call, name, tail)
         elif tail in F.ATTENTION_CALLS:
