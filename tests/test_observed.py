@@ -281,3 +281,25 @@ def test_patchable_says_whether_the_writer_can_edit_the_place_that_wins(tmp_path
     assert d.field == "batch_size" and d.set_at.line == 9 and not d.patchable and "writes only" in d.cause
     # without the program (a caller that does not say what ran), nothing is patchable
     assert not any(d.patchable for d in effective_config(parsed, _record(8, 1, True, 0.01)).disagreements)
+
+
+@pytest.mark.slow
+def test_a_loop_without_a_dataloader_is_observed_from_the_models_own_inputs(tmp_path):
+    """tests/data/broken/compiled_branchy makes its batches in the loop (``torch.randint(0, 64, (8, seq))``, no
+    DataLoader) and calls a torch.compile'd model: every field is observed, the batch from the leading dimension
+    of the compiled wrapper's input (called eagerly), workers 0 (the main process makes the batches).  It is
+    also a profiled run of a compiled model (its tensor census once failed on dynamo's dead weak proxies)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GOBLIN_HOME", str(tmp_path))
+        m = profile_run(load_workload(REPO / "tests" / "data" / "broken" / "compiled_branchy"),
+                        LocalRunner(timeout_s=300), steps=2, warmup=1)
+    assert m.ok, m.failure
+    obs = observed_values(m.observed)
+    assert set(obs) == set(CONFIG_FIELDS)
+    got = {f: v for f, (v, _) in obs.items()}
+    # the loop's batches are 8 sequences of 16 tokens until step --switch (4); 3 steps ran
+    assert got["batch_size"] == 8 and got["seq_len"] == 16 and got["dataloader_workers"] == 0
+    assert [r["shape"] for r in m.observed["inputs"]] == [[8, 16]] * 3
+    assert got["optimizer"] == "adamw_torch" and got["lr"] == 1e-3 and got["grad_accum_steps"] == 1
+    assert got["padding"] is None and got["group_by_length"] is False and got["precision"] == "fp32"
+    assert "no DataLoader was iterated" in obs["batch_size"][1].detail

@@ -16,7 +16,8 @@ What each field is read from (the record's keys):
 field                    observed as
 =======================  ===============================================================
 model_name               the stepped model's ``config._name_or_path``
-batch_size               the first iterated DataLoader's ``batch_size`` (per device)
+batch_size               the first iterated DataLoader's ``batch_size`` (per device); without a
+                         DataLoader, the leading dimension of the stepped model's input
 grad_accum_steps         ``torch.autograd.backward`` calls per optimizer step (the mode)
 seq_len                  the widest integer ``[batch, seq]`` input of the first batches
 precision                an enabled ``torch.autocast`` entered with gradients on, else the
@@ -25,7 +26,7 @@ optimizer                the stepped optimizer's class (Hugging Face ``optim`` n
 attention_impl           the model config's ``_attn_implementation``; SDPA calls counted
 gradient_checkpointing   ``is_gradient_checkpointing`` or ``checkpoint`` calls
 lora_rank                the peft adapter config's ``r`` (null: no adapter in the model)
-dataloader_workers       the DataLoader's ``num_workers``
+dataloader_workers       the DataLoader's ``num_workers`` (0 when the loop iterates none)
 intra_op_threads         ``torch.get_num_threads()`` at the first step
 lr                       the first parameter group's base ``lr`` (``initial_lr``)
 warmup_steps             the LR scheduler's stated warm-up (0 with no scheduler)
@@ -208,6 +209,17 @@ def observed_values(record: dict[str, Any] | None) -> dict[str, tuple[Any, Prove
             or ta.get("group_by_length") is True
         out["group_by_length"] = (grouped, _prov(f"the loader's sampler is {sampler or 'none'}",
                                                  "DataLoader.sampler", where))
+    elif record.get("inputs") and record.get("steps"):  # batches made in the loop: the model's own inputs
+        rows = record["inputs"]
+        lead = Counter(r["shape"][0] for r in rows if r.get("shape"))
+        none = "no DataLoader was iterated: the loop makes its batches in the main process"
+        if lead:
+            b = lead.most_common(1)[0][0]
+            out["batch_size"] = (b, _prov(
+                f"leading dimension of the model's input ({none}); over its first {len(rows)} calls: "
+                f"{sorted(lead)}", "model forward input"))
+        out["dataloader_workers"] = (0, _prov(none, "no DataLoader"))
+        out["group_by_length"] = (False, _prov(f"{none}: no sampler groups by length", "no DataLoader"))
     steps = record.get("backward_per_step") or []
     if steps:
         counted = steps[1:] or steps   # the first step may follow set-up backward calls
@@ -231,11 +243,12 @@ def observed_values(record: dict[str, Any] | None) -> dict[str, tuple[Any, Prove
     if record.get("threads"):
         out["intra_op_threads"] = (record["threads"], _prov("torch.get_num_threads() at the first optimizer step",
                                                             "torch.get_num_threads"))
-    if record.get("batches"):
-        s, why = _seq(record)
-        out["seq_len"] = (s, _prov(why, "batch shape"))
-        pad, why = _padding(record)
-        out["padding"] = (pad, _prov(why, "batch attention mask"))
+    if record.get("batches") or (ld is None and record.get("inputs") and record.get("steps")):
+        rec = record if record.get("batches") else {**record, "batches": record["inputs"]}
+        s, why = _seq(rec)
+        out["seq_len"] = (s, _prov(why, "batch shape" if rec is record else "model forward input"))
+        pad, why = _padding(rec)
+        out["padding"] = (pad, _prov(why, "batch attention mask" if rec is record else "model forward input"))
     return out
 
 

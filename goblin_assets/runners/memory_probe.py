@@ -70,6 +70,15 @@ def batch_storages(obj) -> set[int]:
     return set()
 
 
+def _is_tensor(o) -> bool:
+    """``isinstance(o, torch.Tensor)``, False for a ``weakref.proxy`` whose object is gone (torch.compile keeps
+    such proxies: ``isinstance`` on one raises ReferenceError)."""
+    try:
+        return isinstance(o, torch.Tensor)
+    except ReferenceError:
+        return False
+
+
 def tensor_census(optimizers: list, batch: set[int] | None = None, top: int = TOP_TENSORS) -> dict:
     """Live tensor memory of this process now, by role; bytes, each storage counted once.
 
@@ -111,7 +120,7 @@ def tensor_census(optimizers: list, batch: set[int] | None = None, top: int = TO
 
     with warnings.catch_warnings():  # isinstance on a deprecated module attribute warns (torch.distributed.reduce_op)
         warnings.simplefilter("ignore")
-        objs = [o for o in gc.get_objects() if isinstance(o, torch.Tensor)]
+        objs = [o for o in gc.get_objects() if _is_tensor(o)]
     params = [o for o in objs if isinstance(o, torch.nn.Parameter)]
     for p in params:
         n = count(p, "parameter (trainable)" if p.requires_grad else "parameter (frozen)")
@@ -274,6 +283,7 @@ class MemoryRecorder:
         self.mode = spec.get("mode")
         self.saved = SavedActivations() if self.probe else None
         self.census: dict | None = None
+        self.census_note: str | None = None
         self.rss_by_step: list[int | None] = []
         self.device_oom: dict | None = None
         self.device_note: str | None = None
@@ -296,7 +306,11 @@ class MemoryRecorder:
         if self.saved is not None:
             self.saved.end_step()
         if step == warmup and self.census is None and self.mode != "benchmark":
-            self.census = tensor_census(optimizers, batch)
+            try:
+                self.census = tensor_census(optimizers, batch)
+            except Exception as exc:  # noqa: BLE001 - measuring must never stop the user's program
+                self.census, self.census_note = None, f"the census failed: {type(exc).__name__}: {exc}"
+                return
             self.census["address_space_bytes"] = vm_size_bytes()
             if self.saved is not None:
                 self.saved.exclude = self.census.pop("_param_storages")
@@ -305,6 +319,8 @@ class MemoryRecorder:
 
     def result(self) -> dict:
         out: dict = {"census": self.census, "rss_bytes_by_step": self.rss_by_step}
+        if self.census_note:
+            out["census_note"] = self.census_note
         if self.saved is not None:
             out["saved_activation_bytes_by_step"] = self.saved.per_step
         if self.device_note:
@@ -323,6 +339,8 @@ class MemoryRecorder:
             extra["census"].pop("_param_storages", None)
         except MemoryError:
             extra["census"], extra["census_note"] = None, "no memory left to walk the live tensors"
+        except Exception as exc:  # noqa: BLE001 - the failure report must still be written
+            extra["census"], extra["census_note"] = None, f"the census failed: {type(exc).__name__}: {exc}"
         if self.saved is not None:
             extra["saved_activation_bytes"] = self.saved.step_bytes
         if self.device_oom is not None:

@@ -55,6 +55,8 @@ from torch.utils.data import dataloader as _dl
 
 #: Batches whose shapes are recorded (the first ones; enough to see fixed vs per-batch widths).
 MAX_BATCHES = 64
+#: Modules whose first inputs are kept before the first optimizer step (the model is found then).
+MAX_INPUT_MODULES = 4096
 #: Optimizer steps whose backward and batch counts are recorded.
 MAX_STEPS = 64
 #: Frames searched for the model and the trainer objects at the first optimizer step.
@@ -166,6 +168,13 @@ class Observer:
         self.steps = 0
         self.errors: list[str] = []
         self._handles: list = []
+        # the model's own inputs, for a loop that makes its batches without a DataLoader: the first tensor
+        # argument of every module call until the first optimizer step (by module), then of the stepped model's
+        # calls only (see _saw_forward)
+        self.inputs: list[dict] = []
+        self._inputs_by_module: dict[int, list[dict]] = {}
+        self._input_modules: set[int] | None = None
+        self._forward_handle = None
 
     # ------------------------------------------------------------------ installing
 
@@ -176,6 +185,7 @@ class Observer:
         self._wrap_autocast()
         self._wrap_checkpoint_and_sdpa()
         self._wrap_schedulers()
+        self._forward_handle = torch.nn.modules.module.register_module_forward_pre_hook(self._saw_forward)
         self._handles.append(register_optimizer_step_pre_hook(self._before_step))
         self._handles.append(register_optimizer_step_post_hook(self._after_step))
 
@@ -251,6 +261,53 @@ class Observer:
         elif x.dim() == 2 and x.shape[1] >= 2 and not x.dtype.is_floating_point and x.numel():
             row.update(_trailing_pad(x))
         self.batches.append(row)
+
+    def _saw_forward(self, module, args) -> None:
+        """Global forward pre-hook: the shape of the first tensor argument of a module call (never inside a
+        graph torch.compile traces: the compiled model's own wrapper is called eagerly and is what counts).
+
+        Before the first optimizer step every module's first calls are kept (the model is not known yet); at
+        that step :meth:`_keep_model_inputs` keeps the stepped model's and drops the rest, or removes the hook
+        when a DataLoader was iterated (its batches are the record).
+        """
+        if torch.compiler.is_compiling():
+            return None
+        key = id(module)
+        if self._input_modules is not None and key not in self._input_modules:
+            return None
+        x = next((a for a in args if isinstance(a, torch.Tensor)), None)
+        rows = self._inputs_by_module.setdefault(key, []) if self._input_modules is None else self.inputs
+        if x is None or len(rows) >= MAX_BATCHES or (self._input_modules is None
+                                                     and len(self._inputs_by_module) > MAX_INPUT_MODULES):
+            return None
+        try:
+            row = dict(shape=list(x.shape), dtype=str(x.dtype).replace("torch.", ""), step=self.steps + 1,
+                       padded_rows=None)
+            if x.dim() == 2 and x.shape[1] >= 2 and not x.dtype.is_floating_point and x.numel():
+                row.update(_trailing_pad(x))
+            rows.append(row)
+        except Exception as exc:  # noqa: BLE001 - observing must never break the script
+            self.errors.append(f"forward input: {exc}")
+        return None
+
+    def _keep_model_inputs(self, model_ids: set[int]) -> None:
+        """At the first optimizer step: keep the inputs of the stepped model (``model_ids``: it and its
+        wrappers, torch.compile's or DDP's, found on the stack), or stop watching module calls when the script
+        iterated a DataLoader or no model was found."""
+        if self.loaders or not model_ids:
+            self._stop_forward()
+            return
+        self._input_modules = set(model_ids)
+        # the outermost of them was called first and eagerly: its rows are the batches
+        firsts = [rows for k, rows in self._inputs_by_module.items() if k in model_ids and rows]
+        self.inputs = max(firsts, key=len) if firsts else []
+        self._inputs_by_module = {}
+
+    def _stop_forward(self) -> None:
+        if self._forward_handle is not None:
+            self._forward_handle.remove()
+            self._forward_handle = None
+        self._inputs_by_module = {}
 
     def _wrap_backward(self) -> None:
         obs = self
@@ -439,6 +496,7 @@ class Observer:
                 best, best_n = m, n
         if best is not None:
             self.model, self.adapter = self._model_record(best)
+        self._keep_model_inputs({id(m) for m in models if best is not None and _unwrap(m) is best})
 
     def _consider(self, v, models: list) -> None:
         if isinstance(v, torch.nn.Module):
@@ -491,13 +549,14 @@ class Observer:
         for h in self._handles:
             h.remove()
         self._handles = []
+        self._stop_forward()
         return dict(
             loaders=self.loaders, optimizers=self.optimizers, schedulers=self.schedulers,
             backward_per_step=self.backward_per_step, batches_per_step=self.batches_per_step,
             autocast=list(self.autocast.values()), grad_scaler=self.grad_scaler,
             param_dtypes=self.param_dtypes, grad_dtypes=self.grad_dtypes,
             checkpoint_calls=self.checkpoint_calls, sdpa_calls=self.sdpa_calls, sdpa_backends=self.sdpa_backends,
-            batches=self.batches, model=self.model, adapter=self.adapter,
+            batches=self.batches, inputs=self.inputs, model=self.model, adapter=self.adapter,
             training_arguments=self.training_arguments, lightning_trainer=self.lightning_trainer,
             threads=self.threads, steps=self.steps, errors=self.errors[:20],
             most_common_backward=collections.Counter(self.backward_per_step[1:] or self.backward_per_step)
@@ -506,7 +565,8 @@ class Observer:
 
 def _trailing_pad(x: torch.Tensor) -> dict:
     """Padding of a token batch without an attention mask: rows that end in a run of at least two of the
-    same id, that id being the one most such rows end with (the pad id).  ``{}`` when no row does (no
+    same id, that id being the one most such rows end with (the pad id), with at least three such positions
+    in the batch (a single row ending in two equal ids is chance).  ``{}`` when no row does (no
     padding is seen); else ``padded_rows``, ``longest`` (the widest row without its pad run), ``pad_id``
     and ``pad_from`` (how it was told)."""
     ends = x[:, -1]
@@ -518,6 +578,8 @@ def _trailing_pad(x: torch.Tensor) -> dict:
     # length of each row's trailing run of the pad id
     trail = torch.flip(is_pad.int(), dims=[1]).cumprod(dim=1).sum(dim=1)
     padded = trail >= 2
+    if int(trail[padded].sum()) < 3:  # one row ending in two equal ids is chance (1 in vocab), not padding
+        return {}
     longest = int((x.shape[1] - torch.where(padded, trail, torch.zeros_like(trail))).max())
     return dict(padded_rows=int(padded.sum()), longest=longest, pad_id=pad,
                 pad_from="trailing runs of one id (no attention mask)")

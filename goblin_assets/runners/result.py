@@ -266,6 +266,8 @@ class ObservedRecord(BaseModel):
     sdpa_calls: int = Field(default=0, ge=0)
     sdpa_backends: dict[str, bool] = Field(default_factory=dict)
     batches: list[ObservedBatch] = Field(default_factory=list)
+    #: the stepped model's own inputs (first tensor argument of its calls) when no DataLoader was iterated
+    inputs: list[ObservedBatch] = Field(default_factory=list)
     model: ObservedModel | None = None
     adapter: ObservedAdapter | None = None
     training_arguments: dict[str, Any] | None = None
