@@ -466,7 +466,7 @@ class Rule(BaseModel):
     kind: Literal["tuning", "hazard", "warning"] = "tuning"
     category: Literal[
         "precision", "attention", "memory", "kernels", "env_vars", "optimizer",
-        "data", "compile", "collectives", "topology", "correctness",
+        "data", "compile", "collectives", "topology", "correctness", "config",
     ]
     platforms: list[Literal["rocm", "cuda", "cpu"]]
     symptom: str

@@ -141,3 +141,31 @@ def test_a_rule_the_file_cannot_carry_is_dropped_and_the_set_re_resolved():
     assert '+    parser.add_argument("--num-workers", type=int, default=2)' in p.diff
     assert p.rule_consistency == pytest.approx(1.0)   # re-resolved: y.workers no longer conflicts with anything
     assert p.change_set["excluded"] == {"x.attn": p.dropped[0].removeprefix("x.attn: ")}
+
+
+def test_a_warning_that_states_its_remedy_becomes_the_rules_change():
+    """config.warning_states_its_remedy ("*": "=warned"): each ConfigDict field a warning of the run names is
+    set to the value it names, converted like the parser's value ("2" -> 2); a remedy for a field the patch
+    cannot write stays out; with no such warning the rule is not applicable, never a guess."""
+    from goblin_assets.contracts import Invariant
+    from goblin_assets.kb.rules import load_kb
+    from goblin_assets.measure.invariants import warning_remedies
+
+    kb = load_kb()
+    rule = kb.by_id["config.warning_states_its_remedy"]
+    text = ("This DataLoader will create 8 worker processes in total. Our suggested max number of worker in "
+            "current system is 2, which is smaller than what this DataLoader is going to create.")
+    remedies = warning_remedies([("dataloader.py:1", text), ("w.py:3", "setting `use_cache=False`")])
+    assert [(r["field"], r["value"], r["patchable"]) for r in remedies] == [
+        ("dataloader_workers", "2", True), (None, "False", False)]
+    fired = Invariant(id="warning_remedy", status="fired", value=1.0,
+                      evidence={"remedies": [r for r in remedies if r["patchable"]]})
+    run = _run().model_copy(update={"invariants": [fired]})
+    one = KnowledgeBase(rules=[rule], path=Path("mem"), sha256="x")
+    cs = resolve_changes(CFG.model_copy(update={"dataloader_workers": 8}), one, _matches([rule]), run, cores=4)
+    assert cs.changes == {"dataloader_workers": 2}
+    assert cs.applied[0].changes == {"dataloader_workers": {"from": 8, "to": 2}}
+    # no warning named a value: not applicable, with the reason
+    cs = resolve_changes(CFG, one, _matches([rule]), _run(), cores=4)
+    (d,) = cs.decisions
+    assert d.outcome == "not_applicable" and "no warning of the run names a value" in d.reason

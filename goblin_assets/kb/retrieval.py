@@ -118,7 +118,8 @@ class KBIndex:
 
 def fix_text(fix: Fix) -> str:
     """A rule's transform in words (what retrieval embeds beside the symptom)."""
-    parts = [f"set {k.replace('_', ' ')} to {v}" for k, v in fix.config.items()]
+    parts = [f"set {k.replace('_', ' ')} to {v}" if k != "*" else "set the setting a warning names to the value it "
+             "names" for k, v in fix.config.items()]
     parts += [f"set environment variable {k}={v}" for k, v in fix.env.items()]
     if fix.unset_env:
         parts.append("unset environment variables " + ", ".join(fix.unset_env))

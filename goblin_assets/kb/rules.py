@@ -26,7 +26,11 @@ rule to fire.  Each condition is ``PATH OP VALUE``:
   available when the run could not show it) and ``oom.<key>`` (a device
   allocator's out-of-memory message in the run's failure or stderr, read into
   numbers: :data:`goblin_assets.runners.oom.OOM_KEYS`, bytes, and ``kind``;
-  not available when the run printed none).
+  not available when the run printed none) and ``warned.<field>`` (the value a
+  warning the run printed names for a ConfigDict field, e.g. the DataLoader's
+  suggested worker count: :func:`goblin_assets.measure.invariants.warned_values`;
+  not available when no warning names one).  Fix expressions see the same
+  values as ``warned_<field>``.
 * ``OP``: ``<  <=  >  >=  ==  !=  in  not_in  multiple_of  not_multiple_of``.
 * ``VALUE``: a YAML scalar or list (``0.3``, ``eager``, ``null``, ``[a, b]``),
   or another PATH.
@@ -70,7 +74,7 @@ from goblin_assets.contracts import (
 )
 from goblin_assets.errors import KBError
 from goblin_assets.host import HOST_KEYS, HostFacts, current_host
-from goblin_assets.measure.invariants import CHECKS, invariant_values
+from goblin_assets.measure.invariants import CHECKS, invariant_values, warned_values
 from goblin_assets.measure.signals import DERIVED, signal_counts, signal_ids
 from goblin_assets.opscope.tensor_findings import TENSOR_KEYS
 from goblin_assets.runners.categories import category_pct, groups
@@ -94,7 +98,7 @@ _OPS = {
 _ORDER = ("<", "<=", ">", ">=", "==", "!=")
 _ROOTS = ("config", "waste", "metrics", "env", "env_prefix", "platform", "cores", "torch_version",
           "rocm_version", "kernels", "host", "packages", "patterns", "device", "signals", "local_world_size",
-          "tensors", "invariants", "oom")
+          "tensors", "invariants", "oom", "warned")
 _VERSION_PATHS = ("torch_version", "rocm_version")
 
 
@@ -171,8 +175,11 @@ def load_kb(path: str | Path | None = None) -> KnowledgeBase:
             if PROFILER_ENV.match(var):
                 raise KBError(f"{p}: rule {rule.id}: field 'fix.env': {var} configures a profiler or "
                               "debugger, not the workload (kb_facts G01/G02); it can never be a fix")
-        for fld in rule.fix.config:
-            if fld not in CONFIG_FIELDS:
+        for fld, raw in rule.fix.config.items():
+            if fld == WARNED_FIX and raw != WARNED_FIX_VALUE:
+                raise KBError(f"{p}: rule {rule.id}: field 'fix.config': {WARNED_FIX!r} (every field a warning of "
+                              f"the run names) takes the value {WARNED_FIX_VALUE!r}, not {raw!r}")
+            if fld not in CONFIG_FIELDS and fld != WARNED_FIX:
                 raise KBError(f"{p}: rule {rule.id}: field 'fix.config': unknown ConfigDict field {fld!r}")
         problem = _check_kind(rule)
         if problem:
@@ -267,6 +274,7 @@ def detect_context(config: ConfigDict, metrics: RunMetrics, host: HostFacts | No
         "tensors": tensors,
         "invariants": invariant_values(metrics.invariants),
         "oom": _device_oom(metrics),
+        "warned": warned_values(metrics.invariants),
     }
 
 
@@ -392,6 +400,8 @@ def _check_path(path: str) -> str | None:
             f"{g}: {', '.join(keys)}" for g, keys in TENSOR_KEYS.items())
     if root == "invariants" and (len(rest) != 1 or rest[0] not in CHECKS):
         return f"unknown invariant {'.'.join(rest)!r} (one of {', '.join(CHECKS)}: measure/invariants.py)"
+    if root == "warned" and (len(rest) != 1 or rest[0] not in CONFIG_FIELDS):
+        return f"unknown ConfigDict field {'.'.join(rest)!r} (warned.<field>: a value a warning of the run names)"
     if root == "oom" and (len(rest) != 1 or rest[0] not in OOM_KEYS):
         return f"unknown oom key {'.'.join(rest)!r} (one of {', '.join(OOM_KEYS)}: runners/oom.py)"
     if root in ("env", "env_prefix", "packages") and len(rest) != 1:
@@ -589,6 +599,21 @@ def match_rules(kb: KnowledgeBase, ctx: dict[str, Any]) -> list[RuleMatch]:
 _SAFE_FUNCS = {"min": min, "max": max, "int": int, "round": round}
 _BIN = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
         ast.FloorDiv: operator.floordiv, ast.Div: operator.truediv}
+
+
+#: The ``fix.config`` key that stands for every ConfigDict field a warning of the run names (``warned.<field>``),
+#: each set to the value the warning names; its value is :data:`WARNED_FIX_VALUE`.
+WARNED_FIX, WARNED_FIX_VALUE = "*", "=warned"
+
+
+def fix_assignments(config: dict[str, Any], warned: dict[str, Any]) -> list[tuple[str, Any]]:
+    """A rule's ``fix.config`` as (field, raw value) pairs, :data:`WARNED_FIX` expanded into each field of
+    ``warned`` (field -> the value a warning named: :func:`goblin_assets.measure.invariants.warned_values`)
+    with that value."""
+    out: list[tuple[str, Any]] = []
+    for fld, raw in config.items():
+        out += list(warned.items()) if fld == WARNED_FIX else [(fld, raw)]
+    return out
 
 
 def eval_fix_value(value: Any, names: dict[str, Any]) -> Any:

@@ -82,7 +82,7 @@ CHECKS: dict[str, tuple[str, tuple[str, ...]]] = {
                    ("data.async_loading_on_gpu (premise: does not fire when busy)",)),
     "worker_restarts": ("DataLoader worker starts after the first", ("data.persistent_workers",)),
     "per_shape_cost": ("seconds a step pays when a new input shape appears", ("data.pad_to_fixed_shapes",)),
-    "warning_remedy": ("warnings that name an argument to set and its value", ()),
+    "warning_remedy": ("warnings that name an argument to set and its value", ("config.warning_states_its_remedy",)),
 }
 
 _REMEDY = re.compile(r"\b(?:set|pass|use|setting|passing)\s+[`'\"]?([A-Za-z_][\w.]*)[`'\"]?\s*(?:=|to)\s*"
@@ -384,6 +384,30 @@ def _remedy(result: Any, stderr_tail: str) -> Invariant:
                 threshold="a warning that names an argument and its value",
                 message=f"a warning names its remedy: set {r['field']}={r['value']} ({r['text'][:120]})",
                 evidence={"remedies": patch[:10]})
+
+
+def warned_values(invariants: list[Invariant] | None) -> dict[str, Any]:
+    """``warned.<field>`` of detect conditions and ``warned_<field>`` of fix expressions: the value a warning
+    of the run names for a ConfigDict field (the ``warning_remedy`` check's patchable remedies, the first per
+    field), converted as the parser converts the field's value (config/fields.py ``PY_NAME_CONVERTERS``:
+    ``"2"`` -> 2).  A remedy whose value does not convert, or whose field has no converter, is left out;
+    {} when the check did not fire."""
+    from goblin_assets.config.fields import PY_NAME_CONVERTERS
+    from goblin_assets.config.mapping import convert
+
+    inv = next((i for i in invariants or [] if i.id == "warning_remedy" and i.status == "fired"), None)
+    out: dict[str, Any] = {}
+    for r in (inv.evidence.get("remedies") or []) if inv is not None else []:
+        field, conv = r.get("field"), PY_NAME_CONVERTERS.get(r.get("field") or "")
+        if field in out or conv is None:
+            continue
+        try:
+            value, _ = convert(conv, r.get("value"))
+        except (KeyError, TypeError, ValueError):
+            continue
+        if value is not None:
+            out[field] = value
+    return out
 
 
 def judge(result: Any, stderr_tail: str = "", cores: int | None = None,

@@ -42,7 +42,9 @@ from pydantic import BaseModel, Field, computed_field
 
 from goblin_assets.config import fields as F
 from goblin_assets.contracts import AppliedRule, ConfigDict, KeywordEdit, Rule, RuleMatch, RunMetrics
-from goblin_assets.kb.rules import KnowledgeBase, check_condition, eval_fix_value
+from goblin_assets.errors import KBError
+from goblin_assets.kb.rules import WARNED_FIX, KnowledgeBase, check_condition, eval_fix_value, fix_assignments
+from goblin_assets.measure.invariants import warned_values
 from goblin_assets.measure.waste import evidence_coverage, shares
 
 #: Largest share of a step the model predicts can be recovered (speedup <= 20x).
@@ -121,7 +123,9 @@ class ChangeSet(BaseModel):
     Inputs (kept so :meth:`without` can re-resolve): ``rules``, the fired
     rules in uplift order; ``values``, the parsed config; ``cores``;
     ``shares``, each waste bucket's share of the step (0..1);
-    ``evidence_coverage`` (0..1); ``excluded``, rule id -> reason.
+    ``evidence_coverage`` (0..1); ``excluded``, rule id -> reason; ``warned``,
+    field -> the value a warning of the run names (``warned_<field>`` in fix
+    expressions).
 
     Result: ``changes`` (field -> new value, in the order rules set them),
     ``owner`` (field or ``env.VAR`` -> the rule that set it), ``companions``,
@@ -137,6 +141,8 @@ class ChangeSet(BaseModel):
     shares: dict[str, float]
     evidence_coverage: float
     excluded: dict[str, str] = Field(default_factory=dict)
+    #: values the run's warnings name per field (measure/invariants.py ``warned_values``): ``warned_<field>``
+    warned: dict[str, Any] = Field(default_factory=dict)
     decisions: list[RuleDecision] = Field(default_factory=list)
     changes: dict[str, Any] = Field(default_factory=dict)
     owner: dict[str, str] = Field(default_factory=dict)
@@ -239,6 +245,7 @@ def resolve_changes(config: ConfigDict, kb: KnowledgeBase, matches: list[RuleMat
     fired = [r for r in fired if r.kind != "warning" and (r.kind == "tuning" or _has_fix(r))]
     fired.sort(key=lambda r: (r.kind != "hazard", -_uplift_of(r, sh), r.id))
     return _resolve(ChangeSet(rules=fired, hazards=hazards, values=config.values(), cores=cores, shares=sh,
+                              warned=warned_values(metrics.invariants),
                               evidence_coverage=evidence_coverage(metrics.waste_budget), excluded=dict(exclude or {})))
 
 
@@ -294,8 +301,11 @@ def _decide(cs: ChangeSet, rule: Rule) -> RuleDecision:
     values, changes = cs.values, cs.changes
     try:
         proposal: dict[str, Any] = {}
-        for fld, raw in rule.fix.config.items():
-            proposal[fld] = eval_fix_value(raw, {"cores": cs.cores, **values, **changes, **proposal})
+        for fld, raw in fix_assignments(rule.fix.config, cs.warned):
+            proposal[fld] = eval_fix_value(raw, {"cores": cs.cores, **{f"warned_{k}": v for k, v in cs.warned.items()},
+                                                 **values, **changes, **proposal})
+        if WARNED_FIX in rule.fix.config and not proposal:
+            raise KBError("no warning of the run names a value for a field the patch writes")
     except Exception as exc:  # KBError: an unknown name; the rule cannot apply here
         return drop("not_applicable", f"transform not applicable ({exc})")
     gone = _superseded(rule, values, changes, cs.cores)
