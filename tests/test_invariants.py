@@ -110,6 +110,12 @@ def test_each_check_fires_on_the_broken_workload_with_its_evidence(broken):
     num = got["numerics_vs_reference"].evidence["modules"][0]
     assert num["module"] == "mix" and num["dtype"] == "torch.float16" and num["flushed_share"] > 0.01
     assert num["rel_err"] > num["tolerance"] == pytest.approx(numerics_tolerance("torch.float16", 16))
+    # a backward kernel that flushes small input gradients: its forward is right, its replayed backward is not
+    bwd = [r for r in got["numerics_vs_reference"].evidence["modules"] if r.get("pass") == "backward"]
+    assert [(r["module"], r["class"], r["dtype"]) for r in bwd] == [("back", "GradFlushLinear", "torch.float16")]
+    assert bwd[0]["rel_err"] > bwd[0]["tolerance"] and bwd[0]["flushed_share"] > 0.05
+    assert not any(r["module"] == "back" and r.get("pass") != "backward"
+                   for r in got["numerics_vs_reference"].evidence["modules"])
     assert got["params_never_change"].evidence["params"][:3] == ["gate", "unused.weight", "unused.bias"]
     assert got["per_shape_cost"].step == 2 and got["worker_restarts"].evidence["restart_cost_s"] > 0
     assert got["warning_remedy"].evidence["remedies"][0]["field"] == "dataloader_workers"
@@ -119,6 +125,8 @@ def test_each_check_fires_on_the_broken_workload_with_its_evidence(broken):
 def test_every_check_stays_silent_on_the_healthy_workload(healthy):
     fired = {i.id: i.message for i in healthy.invariants if i.status == "fired"}
     assert not fired, fired
+    num = _by_id(healthy)["numerics_vs_reference"].evidence
+    assert num["backward_compared"] >= 3 and num["modules_compared"] > num["backward_compared"]
     seen = {i.id for i in healthy.invariants if i.status == "silent"}
     assert set(BROKEN) - {"cores_busy"} <= seen | {"ranks_share_cores"}, seen
 

@@ -58,7 +58,8 @@ from goblin_assets.contracts import CONFIG_FIELDS, Invariant
 
 #: Every check (``invariants.<id>``), what its value counts, and the rules it feeds.
 CHECKS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "numerics_vs_reference": ("modules whose output differs from a float64 reference beyond the dtype's error",
+    "numerics_vs_reference": ("modules whose output (forward) or gradients (backward) differ from a float64 "
+                              "reference beyond the dtype's error",
                               ("correctness.numerics_vs_reference",)),
     "grad_below_normal": ("share of non-zero gradient values below the compute dtype's smallest normal",
                           ("correctness.grad_underflow_without_scaling",)),
@@ -133,6 +134,7 @@ def _numerics(raw: dict) -> Invariant:
             bad.append({**r, "tolerance": tol})
     step = raw.get("window_step")
     ev = {"modules_compared": len(rows), "modules_skipped": raw.get("numerics_skipped", 0),
+          "backward_compared": sum(1 for r in rows if r.get("pass") == "backward"),
           "worst": max(rows, key=lambda r: r["rel_err"] / numerics_tolerance(r["dtype"], r.get("inner_dim", 1)))}
     thr = "2 u sqrt(K) (Higham & Mary 2019) or >1% outputs flushed to zero"
     if not bad:
@@ -140,9 +142,10 @@ def _numerics(raw: dict) -> Invariant:
     b = bad[0]
     return _inv("numerics_vs_reference", "fired", len(bad), severity="error", step=step, threshold=thr,
                 where=f"module {b['module']} ({b['class']}, {b['dtype']} on {b['device']})",
-                message=(f"{len(bad)} module(s) differ from a float64 reference beyond what {b['dtype']} explains: "
-                         f"{b['module']} relative error {b['rel_err']:.3g} > {b['tolerance']:.3g}, "
-                         f"{b.get('flushed_share', 0):.1%} of outputs flushed to zero"),
+                message=(f"{len(bad)} module pass(es) differ from a float64 reference beyond what {b['dtype']} "
+                         f"explains: {b['module']} {b.get('pass', 'forward')} relative error {b['rel_err']:.3g} > "
+                         f"{b['tolerance']:.3g}, {b.get('flushed_share', 0):.1%} of "
+                         f"{'gradients' if b.get('pass') == 'backward' else 'outputs'} flushed to zero"),
                 evidence={**ev, "modules": bad[:10]})
 
 

@@ -16,7 +16,13 @@ all heavy work happens in warm-up steps, outside every timed step):
   each module is run again on the CPU in float64 from the same inputs (a deep
   copy) and the normwise relative error ``||y - y64|| / ||y64||`` is kept with
   the output dtype, the inner dimension and the share of outputs that are
-  exactly zero where the reference is not (flushed values).
+  exactly zero where the reference is not (flushed values).  Backward too:
+  a hook on the output keeps the gradient backward brought to it, and the
+  module's backward is replayed from the same inputs for that gradient (scaled
+  to a largest value of 1: backward is linear in it) in the run's precision
+  (its device and autocast) and in float64; the gradients of
+  its floating inputs and parameters are compared the same way (rows with
+  ``pass: backward``).
 * ``grads``: before the optimizer step ``W``, per parameter group: the gradient
   norm, the share of non-zero gradient values below the smallest normal of the
   run's compute dtype (``torch.finfo(dtype).tiny``), the share of exact zeros,
@@ -173,6 +179,8 @@ class InvariantRecorder:
         self._before: dict[int, torch.Tensor] = {}  # window step: samples before the update
         self._grad_nz: dict[int, torch.Tensor] = {}
         self._captured: list[tuple] = []
+        self._grad_out: dict[int, torch.Tensor] = {}
+        self._autocast: dict[int, tuple | None] = {}
         self._capture_bytes = 0
         self._hooks: list = []
         self._depth = 0
@@ -254,16 +262,50 @@ class InvariantRecorder:
             self._capture_bytes += size
             keep = _map(args, lambda t: t.detach().clone())
             # the module as it ran: the optimizer step changes its weights before the comparison
+            dev = _autocast_device()
             self._captured.append((weakref.ref(module), copy.deepcopy(module), keep, outs[0].detach().clone(),
-                                   _autocast_device() is not None, module.training))
+                                   dev is not None, module.training))
+            if outs[0].requires_grad and self._capture_bytes + size // 2 <= MAX_CAPTURE_BYTES:
+                # the gradient backward brings to this output: the backward comparison replays it
+                slot = len(self._captured) - 1
+                self._autocast[slot] = (dev, torch.get_autocast_dtype(dev)) if dev is not None else None
+                outs[0].register_hook(lambda g, k=slot: self._grad_out.__setitem__(k, g.detach().clone()))
+                self._capture_bytes += outs[0].numel() * outs[0].element_size()
         finally:
             self.cost_s += time.perf_counter() - t0
 
+    def _backward_pair(self, module, args, grad_out, autocast) -> tuple[list, list]:
+        """The gradients (of the floating inputs, then of the parameters) one captured module's backward gives
+        for ``grad_out`` in the run's precision (its device, its autocast) and in float64 on the CPU."""
+        def grads(m, a, g, ctx):
+            leaves = [t.requires_grad_() for t in _tensors(a) if t.is_floating_point()]
+            for q in m.parameters():
+                q.grad = None
+            with torch.enable_grad(), ctx:
+                y = next(t for t in _tensors(m(*a)) if t.is_floating_point())
+            with torch.enable_grad():
+                ins = torch.autograd.grad(y, leaves + [q for q in m.parameters() if q.requires_grad], g,
+                                          allow_unused=True)
+            return [t for t in ins if t is not None]
+
+        run = copy.deepcopy(module).train(module.training)
+        a_run = _map(args, lambda t: t.clone())
+        ctx = torch.autocast(autocast[0], dtype=autocast[1]) if autocast else torch.autocast("cpu", enabled=False)
+        got = grads(run, a_run, grad_out, ctx)
+        m64 = copy.deepcopy(module).to("cpu", torch.float64).train(module.training)
+        a64 = _map(args, lambda t: t.to("cpu", torch.float64) if t.is_floating_point() else t.to("cpu"))
+        ref = grads(m64, a64, grad_out.to("cpu", torch.float64), torch.autocast("cpu", enabled=False))
+        return got, ref
+
     def _compare(self) -> None:
-        """Recompute each captured module in float64 on the CPU and keep the error (after the window step)."""
-        for ref, module, args, out, autocast, training in self._captured:
+        """Recompute each captured module in float64 on the CPU and keep the error (after the window step);
+        where backward brought a gradient to its output, replay that backward in the run's precision and in
+        float64 and keep the gradients' error too (rows with ``pass`` ``backward``)."""
+        for k, (ref, module, args, out, autocast, training) in enumerate(self._captured):
             if ref() is None:
                 continue
+            if k in self._grad_out:
+                self.numerics.append(self._compare_backward(ref(), module, args, k))
             row = {"module": self._names.get(id(ref()), type(module).__name__), "class": type(module).__name__,
                    "dtype": str(out.dtype), "device": str(out.device), "autocast": autocast,
                    "inner_dim": int(next((t.shape[-1] for t in _tensors(args) if t.dim()), 1))}
@@ -283,7 +325,37 @@ class InvariantRecorder:
             except Exception as exc:  # noqa: BLE001 - a module that cannot run on the CPU in float64 is not observable
                 row["error"] = f"{type(exc).__name__}: {exc}"[:200]
             self.numerics.append(row)
-        self._captured = []
+        self._captured, self._grad_out, self._autocast = [], {}, {}
+
+    def _compare_backward(self, live, module, args, k: int) -> dict:
+        g = self._grad_out[k]
+        row = {"module": self._names.get(id(live), type(module).__name__), "class": type(module).__name__,
+               "pass": "backward", "dtype": str(g.dtype), "device": str(g.device),
+               "autocast": self._autocast.get(k) is not None,
+               # gradients sum over the output's last dimension (inputs) and its rows (weights): the longer sum
+               "inner_dim": int(max(g.shape[-1], g.numel() // max(1, g.shape[-1]))) if g.dim() else 1}
+        try:
+            # backward is linear in the output's gradient: replay it scaled to a largest value of 1, so what is
+            # compared is the kernels' error, not the underflow of a tiny loss (grad_below_normal's finding)
+            peak = float(g.abs().max()) if g.numel() else 0.0
+            if not peak > 0 or not math.isfinite(peak):
+                raise ValueError("the output's gradient is all zero or not finite")
+            got, ref = self._backward_pair(module, args, g / peak, self._autocast.get(k))
+            if len(got) != len(ref) or not ref:
+                raise ValueError(f"{len(got)} gradients vs {len(ref)} in the reference")
+            y = torch.cat([t.detach().to("cpu", torch.float64).reshape(-1) for t in got])
+            y64 = torch.cat([t.detach().reshape(-1) for t in ref])
+            den = float(y64.norm())
+            row["rel_err"] = float((y - y64).norm()) / den if den > 0 else 0.0
+            ac = self._autocast.get(k)
+            low = ac[1] if ac else min((t.dtype for t in got), key=lambda d: torch.finfo(d).bits)
+            row["dtype"] = str(low)   # the precision the backward computed in (autocast's, else the gradients')
+            ref_nz = y64.abs() >= torch.finfo(low).tiny
+            row["flushed_share"] = float(((y == 0) & ref_nz).sum()) / max(1, int(ref_nz.sum()))
+            row["numel"] = int(y.numel())
+        except Exception as exc:  # noqa: BLE001 - a backward that cannot be replayed is not observable
+            row["error"] = f"{type(exc).__name__}: {exc}"[:200]
+        return row
 
     # -- batches ----------------------------------------------------------------------
     @_never_raises

@@ -4,7 +4,8 @@ Each break is a bug class of the public reports the checks of goblin_assets/meas
 were written for; ``--healthy`` turns every one off (the checks must stay silent):
 
 * a linear layer whose low-precision path flushes small outputs to zero (a wrong-result kernel: the
-  float64 reference does not flush),
+  float64 reference does not flush), and one whose forward is right but whose low-precision backward
+  flushes small input gradients,
 * fp16 autocast with a loss too small for fp16 (gradients below its smallest normal, no GradScaler),
 * a gate parameter multiplied by zero (an all-zero gradient), a layer the forward never uses (it never
   changes), a bf16 scale with no fp32 master copy whose small updates round away,
@@ -66,11 +67,39 @@ class FlushLinear(nn.Linear):
         return y
 
 
+class _FlushGradLinear(torch.autograd.Function):
+    """y = x W^T + b, exact; its backward drops every gradient below a tenth of the largest (the bug) unless it
+    runs in float64."""
+
+    @staticmethod
+    def forward(ctx, x, w, b):
+        ctx.save_for_backward(x, w)
+        return nn.functional.linear(x, w, b)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        gx, gw, gb = g @ w.to(g.dtype), g.reshape(-1, g.shape[-1]).t() @ x.reshape(-1, x.shape[-1]).to(g.dtype), \
+            g.reshape(-1, g.shape[-1]).sum(0)
+        if broken and g.dtype != torch.float64:
+            gx = torch.where(gx.abs() < 0.1 * gx.abs().max(), torch.zeros_like(gx), gx)
+        return gx.to(x.dtype), gw.to(w.dtype), gb.to(w.dtype)
+
+
+class GradFlushLinear(nn.Linear):
+    """A linear layer whose forward is right and whose reduced-precision backward flushes small input
+    gradients to zero (a wrong-result backward kernel: the forward check cannot see it)."""
+
+    def forward(self, x):
+        return _FlushGradLinear.apply(x, self.weight, self.bias)
+
+
 class Model(nn.Module):
     def __init__(self):
         super().__init__()
         self.embed = nn.Embedding(VOCAB, 16)
         self.mix = FlushLinear(16, 16)
+        self.back = GradFlushLinear(16, 16)
         self.head = nn.Linear(16, VOCAB)
         self.unused = nn.Linear(16, 16)  # built, given to the optimizer, never called (broken)
         self.gate = nn.Parameter(torch.ones(16))
@@ -85,6 +114,7 @@ class Model(nn.Module):
         h = h * self.gate if not broken else h + 0.0 * self.gate.sum()
         if not broken:
             h = h + 0.1 * self.unused(h)
+        h = h + self.back(h)
         return self.head(h)
 
 
