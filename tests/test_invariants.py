@@ -209,3 +209,39 @@ def test_a_failing_hook_never_breaks_the_users_script():
     rec = recorder.InvariantRecorder(window=1)
     assert rec.before_step(object()) is None and rec.after_step(None) is None  # not optimizers: no raise
     assert len(rec.report()["errors"]) == 2 and "before_step: AttributeError" in rec.errors[0]
+
+
+def _ranks(tmp_path, bind: bool) -> list[dict]:
+    """Two real ranks on this node (torchrun, gloo; tests/data/ranks_workload), each recording its threads."""
+    import subprocess
+    import sys
+
+    out = tmp_path / ("bound" if bind else "free")
+    out.mkdir()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           str(Path(__file__).parent / "data" / "ranks_workload" / "train.py"), "--out", str(out)]
+    env = {**__import__("os").environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(cmd + (["--bind"] if bind else []), env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+
+@pytest.mark.skipif(len(__import__("os").sched_getaffinity(0)) < 2, reason="binding two ranks needs two CPUs")
+def test_two_real_ranks_share_the_cores_unless_each_is_bound(tmp_path):
+    """torchrun sets LOCAL_WORLD_SIZE=2 in each rank; unbound, each may run on every CPU of the node (the check
+    fires in every rank); bound to a CPU each (as --numa-binding or taskset would), it stays silent."""
+    import os
+
+    online = len(os.sched_getaffinity(0))
+
+    class Result:
+        losses, python_warnings = [], []
+
+    for bind, status in ((False, "fired"), (True, "silent")):
+        for raw in _ranks(tmp_path, bind):
+            Result.invariants = raw
+            assert raw["threads"]["local_world_size"] == "2" and raw["threads"]["world_size"] == "2"
+            assert raw["threads"]["affinity_cpus"] == (1 if bind else online)
+            got = {i.id: i for i in judge(Result(), cores=online, online_cpus=online)}
+            assert got["ranks_share_cores"].status == status, got["ranks_share_cores"]
+            assert got["ranks_share_cores"].value == (2 if status == "fired" else 0)
