@@ -1,6 +1,7 @@
 """Trace reading at scale: our reader and HTA's TraceAnalysis on one 3-million-event Kineto trace.
 
-    nice -n 19 python benchmarks/trace_scale.py [--events 3000000] [--base PATH] [--skip-hta] [--keep DIR]
+    nice -n 19 python benchmarks/trace_scale.py [--events 3000000] [--base PATH] [--skip-hta] [--analyze]
+                                                [--keep DIR]
 
 Builds the trace from a shared one (default: the MI300X ResNet training trace,
 ``../shared/traces/mi300x_resnet_act_checkpoint_train.json.gz``, 56,451 events,
@@ -12,6 +13,10 @@ its own:
 
 * **ours**: :func:`goblin_assets.trace.events.load_trace` (the frames and the
   audit's per-step summary every ``goblin trace`` analysis reads);
+* **ours, every analysis** (``--analyze``): :func:`goblin_assets.trace.analysis.analyze_trace`,
+  the reader and every ``goblin trace`` analysis (temporal breakdown, idle,
+  kernels, launches, ops, recompute, critical path, sync causes, steps ...),
+  with each analysis's seconds on stderr;
 * **hta**: ``hta.trace_analysis.TraceAnalysis(trace_dir=...)`` (HTA 0.5 parses
   the trace into its frames on construction).
 
@@ -42,6 +47,18 @@ import sys
 from goblin_assets.trace.events import load_trace
 ev = load_trace(sys.argv[1])
 print(len(ev.kernels), len(ev.cpu_ops), len(ev.steps), flush=True)
+"""
+_ANALYZE = """
+import sys, time
+from goblin_assets.trace.analysis import analyze_trace
+last = [time.perf_counter()]
+def say(line):
+    now = time.perf_counter()
+    print(f"  {now - last[0]:7.1f} s  {line}", file=sys.stderr, flush=True)
+    last[0] = now
+rep = analyze_trace(sys.argv[1], progress=say)
+print(len(rep.tables), "analyses,", sum(len(t) for t in rep.tables.values()), "rows,",
+      len(rep.not_observable), "not observable", flush=True)
 """
 _HTA = """
 import logging, sys
@@ -99,12 +116,13 @@ def build(base: Path, events: int, out: Path) -> tuple[int, int]:
     return n, raw
 
 
-def measure(code: str, arg: str) -> dict:
+def measure(code: str, arg: str, show_stderr: bool = False) -> dict:
     """Run ``code`` in a child interpreter: wall seconds, its own peak RSS (MiB, ``os.wait4``'s ``ru_maxrss``)
-    and exit status (measured)."""
+    and exit status (measured); ``show_stderr``: its stderr goes to ours as it runs (progress lines)."""
     t0 = time.perf_counter()
-    p = subprocess.Popen([sys.executable, "-c", code, arg], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    out, err = p.stdout.read(), p.stderr.read()
+    p = subprocess.Popen([sys.executable, "-c", code, arg], stdout=subprocess.PIPE,
+                         stderr=None if show_stderr else subprocess.PIPE, text=True)
+    out, err = p.stdout.read(), (p.stderr.read() if p.stderr else "")
     _, status, usage = os.wait4(p.pid, 0)
     p.returncode = os.waitstatus_to_exitcode(status)
     wall = time.perf_counter() - t0
@@ -117,6 +135,7 @@ def main() -> int:
     ap.add_argument("--events", type=int, default=3_000_000)
     ap.add_argument("--base", type=Path, default=BASE)
     ap.add_argument("--skip-hta", action="store_true")
+    ap.add_argument("--analyze", action="store_true", help="also time analyze_trace (every goblin trace analysis)")
     ap.add_argument("--keep", type=Path, help="build the trace in this folder and keep it")
     args = ap.parse_args()
     tmp = tempfile.TemporaryDirectory(prefix="trace_scale_") if args.keep is None else None
@@ -128,13 +147,15 @@ def main() -> int:
     print(f"built {path.name}: {n:,} events from {args.base.name}, {raw / 2**20:,.0f} MiB decompressed, "
           f"{path.stat().st_size / 2**20:,.0f} MiB gzip, in {time.perf_counter() - t0:.0f} s")
     res = {"ours (goblin load_trace, msgspec)": measure(_OURS, str(path))}
+    if args.analyze:
+        res["ours, every analysis (analyze_trace)"] = measure(_ANALYZE, str(path), show_stderr=True)
     if not args.skip_hta:
         res["HTA 0.5 TraceAnalysis"] = measure(_HTA, str(d))
     for name, r in res.items():
         print(f"{name}: {r['wall_s']:.1f} s wall, peak RSS {r['peak_mib']:,.0f} MiB, exit {r['rc']} "
               f"[{r['out']}] (measured)")
-    if len(res) == 2:
-        a, b = res.values()
+    if "HTA 0.5 TraceAnalysis" in res:
+        a, b = res["ours (goblin load_trace, msgspec)"], res["HTA 0.5 TraceAnalysis"]
         if a["rc"] == 0 and b["rc"] == 0:
             print(f"HTA / ours: time x{b['wall_s'] / a['wall_s']:.2f}, peak memory x{b['peak_mib'] / a['peak_mib']:.2f}")
     print(f"ours: peak RSS / decompressed size = {res['ours (goblin load_trace, msgspec)']['peak_mib'] * 2**20 / raw:.2f}")
