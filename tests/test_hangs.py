@@ -13,6 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from goblin_assets.config.observed import observed_values
+from goblin_assets.contracts import CONFIG_FIELDS
+
 from goblin_assets.errors import RunFailed
 from goblin_assets.measure.benchmark import _summarise, rate_text
 from goblin_assets.measure.hang import hang_signals, read_hang_state
@@ -69,6 +72,11 @@ def test_dead_producer_is_stopped_by_the_stall_watch_with_the_waiting_line(hung)
     assert main.wait == "queue" and main.wait_detail.startswith("queue.py:") and main.wait_detail.endswith(" in get")
     assert all(t.user_line != "train.py:26" for p in state.processes for t in p.threads)  # the producer is gone
     assert hang_signals(state)["hang_queue"] >= 1
+    # it hung after its warm-up: the settings it ran with were written then, every field observed
+    wl, _ = hung["dead_producer"]
+    obs = observed_values(failed_metrics(raw, wl).observed)
+    assert set(obs) == set(CONFIG_FIELDS)
+    assert obs["batch_size"][0] == 16 and obs["optimizer"][0] == "sgd" and obs["dataloader_workers"][0] == 0
 
 
 def test_a_deadlocked_loader_worker_is_dumped_too(hung):
@@ -105,6 +113,8 @@ def test_the_failure_report_says_where_it_waited_and_the_verdict_is_hung(hung, t
     assert "## Where it waited" in text and "No throughput is reported for a run that hung" in text
     assert "| DataLoader worker " in text and "train.py:28 `self.lock.acquire()" in text
     assert "`data.loader_worker_hang` (warning)" in text and "https://docs.pytorch.org/docs/stable/data.html" in text
+    assert "## How it ran before the failure (observed)" in text and "dataloader_workers `1`" in text
+    assert session.results["failure_config"].provenance["batch_size"].kind == "observed"
     v = session.verdict()
     assert v.status == "hung" and not v.healthy and not v.patch_offered
     assert v.headline.startswith("the original program hung as written: `profile_run`: profile_run: train.py: hung:")

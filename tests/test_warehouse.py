@@ -192,3 +192,15 @@ def test_non_finite_sketch_values_are_data(tmp_path):
             con.execute(sql)
         assert relax_not_null({("sketches", "run_id")}) == []
     assert write({"sketches": df}, old) == {"sketches": 6}
+
+
+def test_the_audits_verdict_check_allows_every_verdict_kind():
+    """An audit's verdict is written to ``audits.verdict``: its schema check must take every kind
+    report/verdict.py can give (a hung original's ``hung`` once failed the write)."""
+    import typing
+
+    from goblin_assets.report.verdict import Kind
+    from goblin_assets.warehouse.tables import _CHECKS
+
+    (check,) = _CHECKS[("audits", "verdict")]
+    assert set(check.statistics["allowed_values"]) == set(typing.get_args(Kind))

@@ -269,11 +269,12 @@ class AuditSession:
         diag = diagnose_failure(first, getattr(m, "stderr_tail", "") or "", m)
         self.results["failure_diagnosis"] = diag
         matches: list[RuleMatch] = []
+        cfg = self._failure_config(m)
         if m is not None:
             try:
                 failed = m.model_copy(update={"signals": diag.signals})
                 matches = match_rules(self.rules(), detect_context(
-                    self.training_config(), failed, self.host, cores=self.cores(),
+                    cfg, failed, self.host, cores=self.cores(),
                     patterns=pd.DataFrame(columns=columns("patterns"))))
             except GoblinError as exc:
                 self.not_observable["failure_rules"] = f"the rules could not be checked on the failure: {exc}"
@@ -286,6 +287,7 @@ class AuditSession:
         if diag.device_oom is not None:
             lines += [f"**The allocator's numbers** (`{diag.device_oom.kind}`): {diag.device_oom.sentence()}.", ""]
         lines += self._snapshot_evidence()
+        lines += self._observed_before_failure(cfg)
         notes = hazard_notes(self.rules(), matches) if matches else []
         if notes:
             lines += ["## Rules that match the failure", ""]
@@ -298,11 +300,38 @@ class AuditSession:
                       "", *changes, ""]
         return lines
 
+    def _failure_config(self, m: RunMetrics | None) -> ConfigDict:
+        """The config of a failed run: the parsed one with what the harness observed before the failure over it
+        (``RunMetrics.observed`` of the failed run, written after each warm-up step), else the parsed one."""
+        cfg = self._as_ran(m.observed) if m is not None and m.observed and not self.replay else \
+            self.training_config()
+        self.results["failure_config"] = cfg
+        return cfg
+
+    def _as_ran(self, observed: dict | None) -> ConfigDict:
+        """The parsed config with a run's ``observed`` record over it (config/observed.py effective_config)."""
+        entry = self.workload.config_file.resolve() == self.workload.script.resolve()
+        return effective_config(self.training_config(), observed, args=list(self.workload.args or []),
+                                config_is_entry=entry, source=self.workload.script)
+
+    def _observed_before_failure(self, cfg: ConfigDict) -> list[str]:
+        """The report's lines on the settings observed before the failure ([] when none were)."""
+        seen = [f for f, p in cfg.provenance.items() if p.kind == "observed"]
+        if not seen:
+            return []
+        vals = cfg.values()
+        lines = ["## How it ran before the failure (observed)", "",
+                 "Read from the running program after its warm-up steps (the values rules matched on): "
+                 + ", ".join(f"{f} `{vals.get(f)}`" for f in seen) + ".", ""]
+        lines += [f"- {d.why}" for d in cfg.disagreements]
+        return lines + ([""] if cfg.disagreements else [])
+
     def _failure_changes(self, matches: list[RuleMatch]) -> list[str]:
         """One line per fired tuning rule with a change (its environment and config edits, its source)."""
         out = []
         by_id = self.rules().by_id if matches else {}
-        values = {"cores": self.cores(), **self.training_config().values()} if matches else {}
+        cfg = self.results.get("failure_config") or self.training_config()
+        values = {"cores": self.cores(), **cfg.values()} if matches else {}
 
         def config_edit(field: str, raw: Any) -> str:
             try:
@@ -417,12 +446,9 @@ class AuditSession:
         replay (no run, no observation) is the parsed config.  Memoised.
         """
         def merge() -> ConfigDict:
-            cfg = self.training_config()
             if self.replay:
-                return cfg
-            entry = self.workload.config_file.resolve() == self.workload.script.resolve()
-            eff = effective_config(cfg, self.profile_run().observed, args=list(self.workload.args or []),
-                                   config_is_entry=entry, source=self.workload.script)
+                return self.training_config()
+            eff = self._as_ran(self.profile_run().observed)
             for d in eff.disagreements:
                 self.log(f"effective_config: {d.why}")
             return eff

@@ -38,10 +38,24 @@ def run_provenance(raw: RawRun, host: HostFacts | None = None) -> RunProvenance:
 
 
 def failed_metrics(raw: RawRun, workload: Workload) -> RunMetrics:
-    """A failed RunMetrics: the reason and the tail of stderr, nothing else."""
+    """A failed RunMetrics: the reason, the tail of stderr, and the settings the harness observed before the
+    failure (``RUN_DIR/observed.json``, written after each warm-up step: None when the run failed before
+    one ended, or the file does not validate)."""
     return RunMetrics(ok=False, failure=raw.failure, stderr_tail=raw.stderr_tail, workload=workload.name,
-                      unit=workload.unit, run_dir=str(raw.run_dir),
+                      unit=workload.unit, run_dir=str(raw.run_dir), observed=_observed_before(raw),
                       provenance=RunProvenance(kind="measured", source=str(raw.run_dir)))
+
+
+def _observed_before(raw: RawRun) -> dict | None:
+    from goblin_assets.runners.result import OBSERVED_NAME, ObservedRecord
+
+    p = Path(raw.run_dir) / OBSERVED_NAME if raw.run_dir else None
+    if p is None or not p.is_file():
+        return None
+    try:
+        return ObservedRecord.model_validate_json(p.read_text(encoding="utf-8")).model_dump()
+    except (OSError, ValueError):
+        return None
 
 
 def timed_metrics(raw: RawRun, workload: Workload, host: HostFacts | None = None) -> RunMetrics:

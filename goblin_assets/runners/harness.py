@@ -85,6 +85,8 @@ MAX_PREFETCH_WARMUP = 8
 _NOT_OPS = ("ProfilerStep#", "enumerate(DataLoader)", "Optimizer.", "## ", "<built-in", "DataLoader")
 #: The file the harness writes when the script dies of a failed allocation (read by runners/oom.py).
 OOM_NAME = "oom.json"
+#: The observed settings so far, written after each warm-up step (``result.OBSERVED_NAME``: the names must agree).
+OBSERVED_NAME = "observed.json"
 #: Exception text of a failed allocation: torch's CPU allocator (ENOMEM), CUDA/HIP caching allocator.
 _OOM_TEXT = re.compile(r"out of memory|can't allocate memory|Cannot allocate memory", re.IGNORECASE)
 #: Where the script is, by the hooks the harness sees (``Harness.phase``).
@@ -447,6 +449,8 @@ class Harness:
                 self.tap.flush(self.step - self.warmup - 1)
         self.cur = [0, 0, 0, 0.0, 0]
         self.memory.on_step(self.step, self.warmup, self._live_optimizers(), self.batch_ptrs)
+        if self.step <= self.warmup:  # never in a timed step
+            self._write_observed()
         if self.step == self.warmup:
             self._begin_measured()
         elif self.step > self.warmup and self.prof is not None and self.step < self.warmup + self.steps:
@@ -458,6 +462,19 @@ class Harness:
                 self.prof.stop()  # before unwinding: loader teardown is not a step
             raise StepBudgetReached()
         self.t_last = time.perf_counter()
+
+    def _write_observed(self) -> None:
+        """The settings observed so far to ``RUN_DIR/observed.json`` (atomic), so that a run that fails or
+        hangs after its warm-up steps began still says how it ran; never raises."""
+        obs = getattr(self, "observer", None)
+        if obs is None:
+            return
+        try:
+            tmp = self.out / (OBSERVED_NAME + ".tmp")
+            tmp.write_text(json.dumps(obs.snapshot(), default=str), encoding="utf-8")
+            os.replace(tmp, self.out / OBSERVED_NAME)
+        except Exception:  # noqa: BLE001 - observing must never stop the user's program
+            pass
 
     def _extend_warmup_for_prefetch(self) -> None:
         """At the end of the warm-up, add the steps that consume the loader's prefetch queue (profile/benchmark)."""

@@ -545,11 +545,17 @@ class Observer:
     # ------------------------------------------------------------------ the record
 
     def record(self) -> dict:
-        """The run's observed settings (plain JSON; :class:`~goblin_assets.runners.result.ObservedRecord`)."""
+        """The run's observed settings (plain JSON; :class:`~goblin_assets.runners.result.ObservedRecord`), its
+        hooks removed (the end of the run)."""
         for h in self._handles:
             h.remove()
         self._handles = []
         self._stop_forward()
+        return self.snapshot()
+
+    def snapshot(self) -> dict:
+        """The settings observed so far, the hooks left in place (the harness writes it after each warm-up
+        step, so a run that then fails or hangs still has its record)."""
         return dict(
             loaders=self.loaders, optimizers=self.optimizers, schedulers=self.schedulers,
             backward_per_step=self.backward_per_step, batches_per_step=self.batches_per_step,

@@ -235,6 +235,11 @@ class ObservedAdapter(BaseModel):
     target_modules: list[str] | str | None = None
 
 
+#: The observed settings the harness writes after each warm-up step (``harness.OBSERVED_NAME``: the names must
+#: agree), read when the run fails or hangs before writing its result.
+OBSERVED_NAME = "observed.json"
+
+
 class ObservedRecord(BaseModel):
     """The settings the running program used, recorded by the harness (``runners/observe.py``, issue 27).
 
