@@ -91,6 +91,10 @@ def test_a_deadlocked_loader_worker_is_dumped_too(hung):
     assert roles == ["DataLoader worker", "training process"]
     counts = hang_signals(state)
     assert counts["hang_loader_queue"] >= 1 and counts["hang_lock"] >= 1
+    wl, _ = hung["worker_deadlock"]
+    obs = observed_values(failed_metrics(raw, wl).observed)   # written after the warm-up, before the hang
+    assert set(obs) == set(CONFIG_FIELDS)
+    assert (obs["batch_size"][0], obs["dataloader_workers"][0]) == (8, 1)
 
 
 def test_a_wait_before_the_first_step_is_stopped_by_the_timeout_with_its_line(hung):

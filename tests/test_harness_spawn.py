@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from goblin_assets.config.observed import observed_values
+from goblin_assets.contracts import CONFIG_FIELDS
 from goblin_assets.measure.profile import profile_run
 from goblin_assets.runners.local import LocalRunner
 from goblin_assets.runners.workload import load_workload
@@ -27,6 +28,7 @@ def test_a_loader_with_fresh_interpreter_workers_runs_and_is_observed(context, t
     assert m.ok, m.failure
     assert m.samples_per_step == 32
     obs = {f: v for f, (v, _) in observed_values(m.observed).items()}
+    assert set(obs) == set(CONFIG_FIELDS)     # every field observed (issue 27)
     assert (obs["batch_size"], obs["dataloader_workers"]) == (32, 1)
 
 
