@@ -184,3 +184,25 @@ def test_cli_json_html_warehouse_and_the_dagster_asset(goblin_home, tmp_path, mo
     assert meta["oom_events"].value == 1 and "16.0 MiB" in meta["diagnosis"].value
     n = query("SELECT count(*) AS n FROM memory_snapshot_segments WHERE snapshot_id = 'run1/oom.pickle'")
     assert n["n"].iloc[0] == 3
+
+
+def test_the_user_frame_skips_the_native_frames_of_a_snapshot_recorded_with_all_stacks():
+    """``_record_memory_history(stacks="all")`` records C++ frames innermost (the unwinder, the caching allocator,
+    ATen's dispatch), then the Python ones: the frame a person reads is the first Python line outside the
+    libraries (the frame names below are torch's own, as a real CUDA snapshot shows them)."""
+    from goblin_assets.trace.memory_snapshot import user_frame
+
+    frames = [{"name": "torch::unwind::unwind()", "filename": "??", "line": 0},
+              {"name": "torch::cuda::(anonymous namespace)::gather_with_cpp()", "filename": "memory_snapshot.cpp",
+               "line": 0},
+              {"name": "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc(int, unsigned long, "
+                       "CUstream_st*)", "filename": "CUDACachingAllocator.cpp", "line": 0},
+              {"name": "at::empty_strided(c10::ArrayRef<long>, c10::ArrayRef<long>, c10::TensorOptions)",
+               "filename": "", "line": 0},
+              {"name": "torch::autograd::THPVariable_to(_object*, _object*, _object*)",
+               "filename": "python_variable_methods.cpp", "line": 0},
+              {"name": "_PyObject_GetMethod", "filename": "??", "line": 0},
+              {"name": "to", "filename": "/usr/lib/python3/site-packages/torch/nn/modules/module.py", "line": 1340},
+              {"name": "train_step", "filename": "/home/me/train.py", "line": 102},
+              {"name": "<module>", "filename": "/home/me/train.py", "line": 218}]
+    assert user_frame(frames) == "/home/me/train.py:102 train_step"

@@ -53,7 +53,9 @@ OOM_WINDOW = 200
 
 #: Frames of these files are library internals: a block is attributed to the innermost frame outside them.
 _LIBRARY = re.compile(r"(^|/)(torch|transformers|accelerate|peft|trl|deepspeed|bitsandbytes|triton|functorch)/"
-                      r"|^\?\?$|^<|^$|site-packages/|dist-packages/")
+                      r"|^\?\?$|^<|^$|site-packages/|dist-packages/"
+                      # native frames of a snapshot recorded with stacks="all" (the unwinder, the allocator, ATen)
+                      r"|\.(c|cc|cpp|cxx|cu|cuh|h|hpp)$")
 
 
 class SnapshotError(GoblinError):
