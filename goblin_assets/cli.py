@@ -64,6 +64,12 @@ def _plain_summary(s, html_path) -> list[str]:
     """The summary as plain lines (``--plain``, and the first lines of the rich one): the verdict first."""
     v = s.verdict()
     lines = [f"verdict: {v.headline}", *[f"  {line}" for line in v.lines()[2:]]]
+    fix = s.results.get("oom_fix")
+    if fix:  # the out-of-memory fix, validated under the same memory limit (audit/fit.py oom_fix)
+        ch = ", ".join(f"{k}={v}" for k, v in fix["change"].items())
+        sps = f"{fix['samples_per_sec']:.2f} samples/s" if fix.get("samples_per_sec") else "throughput not observable"
+        lines.append(f"fix: {ch} (global batch {fix['global_batch_before']} -> {fix['global_batch_after']}): "
+                     + (f"ran under the same memory limit, {sps}" if fix["ok"] else f"failed too: {fix['failure']}"))
     if not s.results.get("failure"):
         p = s.patch()
         lines.append(f"rules: {', '.join(a.rule_id for a in p.applied) or 'none'}"

@@ -106,5 +106,11 @@ def test_when_no_split_can_help_checkpointing_is_written_and_runs_under_the_same
     assert doc["oom_fix"]["lever"] == "gradient_checkpointing" and doc["oom_fix"]["ok"]
     assert "memory.oom_gradient_checkpointing" in doc["fired_rules"]
     assert "the runner's address-space cap" in doc["failure"]
+    from goblin_assets.cli import _plain_summary
+
+    lines = _plain_summary(s, None)   # what goblin audit prints: the verdict first, then the validated fix
+    assert lines[0].startswith("verdict: the original program failed as written (out of memory)")
+    assert lines[1] == (f"fix: gradient_checkpointing=True (global batch 1 -> 1): ran under the same memory limit, "
+                        f"{fix['samples_per_sec']:.2f} samples/s")
     rows = s.failure_rows()["run_failures"]
     assert rows.fix_ran[0] and rows.oom_phase[0].startswith("forward") and rows.oom_step[0] == 1

@@ -277,6 +277,9 @@ class Observer:
             return None
         x = next((a for a in args if isinstance(a, torch.Tensor)), None)
         rows = self._inputs_by_module.setdefault(key, []) if self._input_modules is None else self.inputs
+        if self._input_modules is not None and len(rows) >= MAX_BATCHES:
+            self._stop_forward()  # the model's inputs are recorded: no hook left on its calls
+            return None
         if x is None or len(rows) >= MAX_BATCHES or (self._input_modules is None
                                                      and len(self._inputs_by_module) > MAX_INPUT_MODULES):
             return None
