@@ -22,7 +22,8 @@ For every scenario this runs the audit in process (``goblin_assets.cli.main``,
 
 Prints one line per scenario and the scores of the training two-thirds, of
 the held-out third and, on its own, of the held-aside third of the scenarios
-added for the run-time invariant checks (``heldout_invariants.txt``, issue 28);
+added for the run-time invariant checks (``heldout_invariants.txt``, issue 28) and of the
+scenarios added for the backward comparison and the warnings' remedies (``heldout_backward.txt``);
 ``--without-invariants`` scores copies whose recordings hold no invariant
 checks (the baseline the checks improve).  Runs in a private ``GOBLIN_HOME`` (the audits' warehouse
 rows do not land in yours).
@@ -44,6 +45,7 @@ import yaml
 CORPUS = Path(__file__).resolve().parent.parent / "tests" / "data" / "bug_reports"
 HELDOUT_FILE = CORPUS / "heldout.txt"
 HELDOUT_INVARIANTS_FILE = CORPUS / "heldout_invariants.txt"
+HELDOUT_BACKWARD_FILE = CORPUS / "heldout_backward.txt"
 
 
 def scenarios(root: Path = CORPUS) -> list[Path]:
@@ -61,10 +63,16 @@ def heldout_invariants(root: Path = CORPUS) -> set[str]:
     return _names(root / HELDOUT_INVARIANTS_FILE.name)
 
 
+def heldout_backward(root: Path = CORPUS) -> set[str]:
+    """The held-aside third of the scenarios added for the backward comparison and the warnings' remedies
+    (``heldout_backward.txt``, 2026-12-06)."""
+    return _names(root / HELDOUT_BACKWARD_FILE.name)
+
+
 def heldout(root: Path = CORPUS) -> set[str]:
-    """Names of every held-out scenario (``heldout.txt`` and ``heldout_invariants.txt``: one name a line,
-    ``#`` comments)."""
-    return _names(root / HELDOUT_FILE.name) | heldout_invariants(root)
+    """Names of every held-out scenario (``heldout.txt``, ``heldout_invariants.txt`` and
+    ``heldout_backward.txt``: one name a line, ``#`` comments)."""
+    return _names(root / HELDOUT_FILE.name) | heldout_invariants(root) | heldout_backward(root)
 
 
 def audit(folder: Path) -> tuple[int, dict[str, Any] | None, str]:
@@ -93,6 +101,8 @@ def judge(folder: Path) -> dict[str, Any]:
     applied = set(res.get("rules", [])) if res else set()
     told = {h["rule_id"] for h in res.get("hazards", [])} if res else set()
     fired = set(res.get("fired_rules", [])) if res else set()
+    if res and "failure" in res:  # a recording of a failed run: its report lists every rule that matches the failure
+        told |= fired
     missing = [r for r in spec["must_fire"] if r not in applied | told]
     forbidden = [r for r in spec.get("must_not_fire", []) if r in applied]
     return {"name": folder.name, "source": spec.get("source", ""), "completed": completed, "rc": rc,
@@ -129,7 +139,7 @@ def run(only: list[str] | None = None, without_invariants: bool = False) -> dict
     """Audit every scenario (or those named in ``only``) and return the verdicts and the scores: the training
     two-thirds, the held-out third, and the held-aside third of the invariant scenarios on its own.
     ``without_invariants`` audits copies whose recordings hold no invariant checks (what they add)."""
-    held, held_inv = heldout(), heldout_invariants()
+    held, held_inv, held_bwd = heldout(), heldout_invariants(), heldout_backward()
     folders = [f for f in scenarios() if not only or f.name in only]
     with tempfile.TemporaryDirectory(prefix="goblin-bugs-noinv-") as tmp:
         if without_invariants:
@@ -138,8 +148,9 @@ def run(only: list[str] | None = None, without_invariants: bool = False) -> dict
     for r in rows:
         r["heldout"] = r["name"] in held
     return {"train": summary([r for r in rows if not r["heldout"]]),
-            "heldout": summary([r for r in rows if r["heldout"] and r["name"] not in held_inv]),
-            "heldout_invariants": summary([r for r in rows if r["name"] in held_inv]), "scenarios": rows}
+            "heldout": summary([r for r in rows if r["heldout"] and r["name"] not in held_inv | held_bwd]),
+            "heldout_invariants": summary([r for r in rows if r["name"] in held_inv]),
+            "heldout_backward": summary([r for r in rows if r["name"] in held_bwd]), "scenarios": rows}
 
 
 def _line(r: dict[str, Any]) -> str:
@@ -171,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     for r in res["scenarios"]:
         print(_line(r))
-    for label in ("train", "heldout", "heldout_invariants"):
+    for label in ("train", "heldout", "heldout_invariants", "heldout_backward"):
         s = res[label]
         share = f"{s['named_share']:.0%}" if s["named_share"] is not None else "n/a"
         print(f"{label:18s}: cause and fix named {s['named']}/{s['scenarios']} ({share}); forbidden change proposed "

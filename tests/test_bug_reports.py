@@ -52,7 +52,8 @@ def verdicts(tmp_path_factory):
         mp.undo()
     print("\n" + "\n".join(BENCH._line(r) for r in res["scenarios"]))
     print(f"train: {json.dumps(res['train'])}\nheldout: {json.dumps(res['heldout'])}\n"
-          f"heldout_invariants: {json.dumps(res['heldout_invariants'])}")
+          f"heldout_invariants: {json.dumps(res['heldout_invariants'])}\n"
+          f"heldout_backward: {json.dumps(res['heldout_backward'])}")
     return res
 
 
@@ -95,9 +96,10 @@ def test_cause_and_fix_are_named_on_the_training_scenarios(verdicts):
 
 
 def test_heldout_score_is_reported(verdicts):
-    held, held_inv = verdicts["heldout"], verdicts["heldout_invariants"]
-    # the held-aside third of the invariant scenarios (issue 28) is scored on its own
-    assert held["scenarios"] + held_inv["scenarios"] == len(HELDOUT)
+    held, held_inv, held_bwd = verdicts["heldout"], verdicts["heldout_invariants"], verdicts["heldout_backward"]
+    # the held-aside thirds of the invariant scenarios (issue 28) and of the backward / remedy ones are scored alone
+    assert held["scenarios"] + held_inv["scenarios"] + held_bwd["scenarios"] == len(HELDOUT)
     assert held_inv["scenarios"] == len(BENCH.heldout_invariants(CORPUS)) >= 4
-    for h in (held, held_inv):
+    assert held_bwd["scenarios"] == len(BENCH.heldout_backward(CORPUS)) >= 2
+    for h in (held, held_inv, held_bwd):
         assert h["completed"] == h["scenarios"] and h["forbidden"] == 0

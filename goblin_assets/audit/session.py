@@ -66,8 +66,9 @@ from goblin_assets.errors import GoblinError, KBError, RunFailed
 from goblin_assets.host import HostFacts, current_host, for_interpreter, keyword_names
 from goblin_assets.ids import make_audit_id
 from goblin_assets.kb.retrieval import KBIndex, embedding_frame, index_for, retrieval_scores, run_symptoms
-from goblin_assets.kb.rules import (KnowledgeBase, detect_context, eval_fix_value, load_kb, local_world_size,
-                                     match_rules)
+from goblin_assets.kb.rules import (KnowledgeBase, detect_context, eval_fix_value, fix_assignments, load_kb,
+                                     local_world_size, match_rules)
+from goblin_assets.measure.invariants import remedy_check, warned_values
 from goblin_assets.measure.benchmark import bench_interval, benchmark, rate_text
 from goblin_assets.measure.calibration import Calibration, calibrate
 from goblin_assets.measure.evidence import NonfiniteEvidence, nonfinite_evidence
@@ -272,7 +273,10 @@ class AuditSession:
         cfg = self._failure_config(m)
         if m is not None:
             try:
-                failed = m.model_copy(update={"signals": diag.signals})
+                # a failed run's checks were never judged, but its warnings are in what it printed
+                invariants = m.invariants or [remedy_check(m.stderr_tail or "")]
+                self.results["failure_warned"] = warned_values(invariants)
+                failed = m.model_copy(update={"signals": diag.signals, "invariants": invariants})
                 matches = match_rules(self.rules(), detect_context(
                     cfg, failed, self.host, cores=self.cores(),
                     patterns=pd.DataFrame(columns=columns("patterns"))))
@@ -344,7 +348,8 @@ class AuditSession:
             if r is None or r.kind != "tuning":
                 continue
             edits = [f"`{k}={v}`" for k, v in r.fix.env.items()] + [f"unset `{k}`" for k in r.fix.unset_env] + \
-                    [config_edit(k, v) for k, v in r.fix.config.items()]
+                    [config_edit(k, v) for k, v in fix_assignments(r.fix.config, self.results.get("failure_warned")
+                                                                   or {})]
             if edits:
                 out.append(f"- **{r.id}**: {' '.join(r.symptom.split())} Change: {', '.join(edits)}. "
                            f"Source: [{r.citation.title}]({r.citation.url})")

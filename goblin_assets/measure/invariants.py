@@ -389,6 +389,12 @@ def _remedy(result: Any, stderr_tail: str) -> Invariant:
                 evidence={"remedies": patch[:10]})
 
 
+def remedy_check(stderr_tail: str) -> Invariant:
+    """The ``warning_remedy`` check alone, on a run's stderr (a run that failed or hung before the harness
+    judged its checks: its warnings are still in what it printed)."""
+    return _remedy(None, stderr_tail)
+
+
 def warned_values(invariants: list[Invariant] | None) -> dict[str, Any]:
     """``warned.<field>`` of detect conditions and ``warned_<field>`` of fix expressions: the value a warning
     of the run names for a ConfigDict field (the ``warning_remedy`` check's patchable remedies, the first per
