@@ -180,7 +180,7 @@ def test_bad_path_is_a_clear_error(goblin_home):
     assert "/no/such/workload" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_crashing_script_names_the_file_and_writes_nothing(goblin_home, tmp_path):
+def test_crashing_script_names_the_file_and_writes_only_its_failure(goblin_home, tmp_path):
     wl = tmp_path / "crashy"
     shutil_copy = (WORKLOADS / "digits_mlp" / "train.py").read_text().replace(
         "        for x, y in loader:\n", "        for x, y in loader:\n            raise RuntimeError('boom in the loop')\n")
@@ -197,6 +197,10 @@ def test_crashing_script_names_the_file_and_writes_nothing(goblin_home, tmp_path
     text = report.read_text()
     assert "the original program failed" in text and "boom in the loop" in text and "`profile_run`" in text
     db = goblin_home / "warehouse.duckdb"
-    if db.exists():
-        for t in ("runs", "sketches", "benchmarks", "audits"):
-            assert query(f"SELECT count(*) n FROM {t}", db).n[0] == 0
+    # nothing measured is written; the failure is: one run_failures row and the audit's row with its verdict
+    for t in ("runs", "sketches", "benchmarks"):
+        assert query(f"SELECT count(*) n FROM {t}", db).n[0] == 0
+    row = query("SELECT a.verdict, a.measured_speedup, f.failure_class, f.evidence FROM audits a "
+                "JOIN run_failures f USING (audit_id)", db)
+    assert row.shape[0] == 1 and row.verdict[0] == "failed" and row.measured_speedup.isna()[0]
+    assert row.failure_class[0] == "library_error" and "boom in the loop" in row.evidence[0]
