@@ -106,6 +106,28 @@ def test_levers_keep_the_global_batch_and_zero_shards_by_world_size():
     assert z3.global_batch == 128  # data parallel: the world multiplies the global batch
     assert not any(lv["lever"] == "optimizer" and "8bit" in lv["change"]["optimizer"]
                    for lv in levers(f, budget, installed_8bit=False))
+    # a ZeRO lever over n ranks divides the accumulation (else the micro-batch) by n: the global batch stays
+    zero = [lv for lv in ans["levers"] if lv["lever"].startswith("zero_stage_")]
+    assert zero and all(lv["global_batch"] == 32 for lv in zero)
+    z4 = next(lv for lv in zero if lv["change"]["world_size"] == 4)
+    assert z4["change"] == {"world_size": 4, "zero_stage": 1, "batch_size": 8}
+
+
+def test_adafactor_state_is_its_factored_second_moment_as_torch_keeps_it():
+    """``factored_elements`` equals the elements torch.optim.Adafactor really keeps (its state after a step,
+    less the step counter); the model uses it, not one state per element."""
+    params = [torch.nn.Parameter(torch.randn(*shape)) for shape in ((48, 16), (3, 5, 7), (16,))]
+    opt = torch.optim.Adafactor(params)
+    sum(p.sum() for p in params).backward()
+    opt.step()
+    kept = sum(v.numel() for st in opt.state.values() for k, v in st.items() if k != "step")
+    assert kept == sum(memory_probe.factored_elements(tuple(p.shape)) for p in params) == 48 + 16 + 15 + 21 + 16
+    f = _facts()
+    f.factored_state_elements = 10_000
+    assert step_memory(f, optimizer="adafactor").term("optimizer_state").bytes == 40_000
+    f.factored_state_elements = None  # unknown: the unfactored upper bound, and it says so
+    t = step_memory(f, optimizer="adafactor").term("optimizer_state")
+    assert t.bytes == 4 * f.trainable_params and "upper bound" in t.basis
 
 
 def test_checkpointing_from_dimensions_and_undetermined_without_them():
@@ -147,6 +169,7 @@ def test_census_sorts_live_tensors_by_role():
     assert c["optimizer_state_bytes"] >= 2 * c["trainable_param_bytes"]  # exp_avg, exp_avg_sq (+ step scalars)
     assert c["batch_bytes"] == 8 * 16 * 4
     assert c["optimizer_classes"] == ["torch.optim.adamw.AdamW"]
+    assert c["adafactor_state_elements"] == 32 + (4 + 32) + 4  # trainable only: a [4, 32] weight, 2 biases
     assert c["largest"][0]["role"] == "parameter (frozen)"
 
 

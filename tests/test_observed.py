@@ -303,3 +303,20 @@ def test_a_loop_without_a_dataloader_is_observed_from_the_models_own_inputs(tmp_
     assert got["optimizer"] == "adamw_torch" and got["lr"] == 1e-3 and got["grad_accum_steps"] == 1
     assert got["padding"] is None and got["group_by_length"] is False and got["precision"] == "fp32"
     assert "no DataLoader was iterated" in obs["batch_size"][1].detail
+
+
+def test_optimizer_hyperparameters_of_any_shape_are_recorded_as_numbers():
+    """Adafactor's ``eps`` is a pair holding None and torch takes a tensor ``lr``: both are recorded as numbers the
+    result schema holds (both once made a run's results unreadable, so the OOM fix to Adafactor 'failed')."""
+    import torch
+
+    from goblin_assets.runners.observe import Observer
+    from goblin_assets.runners.result import ObservedOptimizer
+
+    p = [torch.nn.Parameter(torch.zeros(2, 2))]
+    obs = Observer({})
+    ada = ObservedOptimizer.model_validate(obs._optimizer_record(torch.optim.Adafactor(p, lr=1e-3)))
+    assert ada.cls == "Adafactor" and ada.groups[0].eps == [None, 1e-3] and ada.groups[0].betas is None
+    adam = ObservedOptimizer.model_validate(obs._optimizer_record(torch.optim.AdamW(p, lr=torch.tensor(2e-3))))
+    assert adam.groups[0].lr == pytest.approx(2e-3) and adam.groups[0].betas == [0.9, 0.999]
+    assert adam.groups[0].eps == 1e-8 and adam.groups[0].weight_decay == 0.01

@@ -96,7 +96,9 @@ def test_when_no_split_can_help_checkpointing_is_written_and_runs_under_the_same
     assert fix["change"] == {"gradient_checkpointing": True}
     assert '"--gradient-checkpointing", action="store_true", default=True)' in fix["diff"]
     assert fix["global_batch_before"] == fix["global_batch_after"] == 1
-    assert "the probe at micro-batch 2 failed" in fix["why_not_split"]
+    # the probes run with the cap lifted (they measure; the cap is the budget): even one sequence is over it
+    assert "no micro-batch split of the configured batch fits the budget (micro-batch 1: predicted peak" \
+        in fix["why_not_split"]
     assert fix["ok"], fix["failure"]
     assert fix["samples_per_sec"] > 0 and fix["predicted_peak_bytes"] is None
     assert "Turn on gradient checkpointing: gradient_checkpointing=True" in report
@@ -114,3 +116,50 @@ def test_when_no_split_can_help_checkpointing_is_written_and_runs_under_the_same
                         f"{fix['samples_per_sec']:.2f} samples/s")
     rows = s.failure_rows()["run_failures"]
     assert rows.fix_ran[0] and rows.oom_phase[0].startswith("forward") and rows.oom_step[0] == 1
+
+
+ADAM = Path(__file__).resolve().parent / "data" / "adam_state_oom"
+
+
+@pytest.fixture(scope="module")
+def adam_audit(tmp_path_factory):
+    """tests/data/adam_state_oom under the same cap: AdamW's two fp32 states per parameter (268 MB for 34M
+    parameters) are made at the first optimizer step and do not fit beside the weights and gradients."""
+    mp = pytest.MonkeyPatch()
+    home = tmp_path_factory.mktemp("adam_home")
+    mp.setenv("GOBLIN_HOME", str(home))
+    try:
+        st = AuditSettings(kind="local", device="cpu", mem_cap_gb=CAP_GB, warmup_steps=1, profiled_steps=2)
+        s = AuditSession.open(load_workload(ADAM), settings=st)
+        with pytest.raises(RunFailed):
+            s.profile_run()
+        yield s, s.report_path.read_text(encoding="utf-8"), home
+    finally:
+        mp.undo()
+
+
+def test_an_oom_in_the_optimizer_step_is_fixed_by_a_lower_memory_optimizer_under_the_same_cap(adam_audit):
+    s, report, home = adam_audit
+    state = s.results["oom_state"]
+    assert state["phase"] == "optimizer step" and state["census"]["optimizer_state_bytes"] > 0
+    fix = s.results["oom_fix"]
+    # no bitsandbytes here: Adafactor (torch.optim, torch >= 2.5) is the lower-memory optimizer the stack has
+    assert fix["lever"] == "optimizer" and fix["rule"] == "memory.oom_lower_memory_optimizer"
+    assert fix["change"] == {"optimizer": "adafactor"} and fix["optimizer"] == "adamw_torch"
+    assert "+    opt = torch.optim.Adafactor(model.parameters(), lr=args.lr, weight_decay=0.01)" in fix["diff"]
+    assert fix["global_batch_before"] == fix["global_batch_after"] == 8
+    assert "inside the optimizer step" in fix["why_not_split"]
+    assert fix["ok"], fix["failure"]
+    assert fix["samples_per_sec"] > 0
+    assert "Use a lower-memory optimizer: optimizer=adafactor (was adamw_torch)" in report
+    assert "This changes the update rule: compare the loss curves" in report
+    assert f"**original: out of memory at step 1 (optimizer step); patched: ran, {fix['samples_per_sec']:.2f} " \
+           "samples/s**" in report
+    assert "KB rule `memory.oom_lower_memory_optimizer` (Adafactor: Adaptive Learning Rates" in report
+    doc = s.failure_json()
+    assert doc["oom_fix"]["lever"] == "optimizer" and doc["oom_fix"]["ok"]
+    assert "memory.oom_lower_memory_optimizer" in doc["fired_rules"]
+    # the split and checkpointing were never run: they cannot shrink what the optimizer step allocates
+    runs = sorted(p.name for p in home.rglob("*-oom-fix*") if p.is_dir())
+    assert len(runs) == 1 and "-oom-fix-adafactor-" in runs[0], runs
+    assert not list(home.rglob("*-fit-b*")), "no memory probe runs: the split was not tried"

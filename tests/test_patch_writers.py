@@ -105,3 +105,47 @@ def test_read_back_catches_an_edit_that_does_not_state_the_value(tmp_path):
     with pytest.raises(PatchError, match=r"args.json: after the edit dataloader_workers reads 1, not 3"):
         doc.patched({"dataloader_workers": 3})
 
+
+
+OPTIM_SCRIPT = '''from torch.optim import AdamW
+import torch
+
+model = torch.nn.Linear(4, 4)
+opt = AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), eps=1e-6)
+'''
+
+
+def test_python_writer_replaces_the_optimizer_constructor(tmp_path):
+    """An optimizer the script constructs is replaced by the class of the new ``optim`` name; the keywords that
+    mean something else there go, AdamW's default weight decay (0.01) is stated where the new default differs,
+    and the text reads back as the new optimizer."""
+    out = _write(_with(tmp_path, {"torch": "2.13.0", "bitsandbytes": None}), {"optimizer": "adafactor"})
+    assert "opt = torch.optim.Adafactor(model.parameters(), lr=3e-4, weight_decay=0.01)\n" in out
+    assert parse_config(_save(tmp_path, "patched.py", out)).optimizer == "adafactor"
+    compile(out, "patched.py", "exec")
+    # an 8-bit AdamW needs bitsandbytes: refused when it is not installed, written (with its import) when it is
+    with pytest.raises(PatchError, match="bitsandbytes, and the installed version is none"):
+        _write(_with(tmp_path, {"torch": "2.13.0", "bitsandbytes": None}), {"optimizer": "adamw_bnb_8bit"})
+    out = _write(_with(tmp_path, {"torch": "2.13.0", "bitsandbytes": "0.49.0"}), {"optimizer": "adamw_bnb_8bit"})
+    assert "import bitsandbytes\n" in out
+    assert "bitsandbytes.optim.AdamW8bit(model.parameters(), lr=3e-4, betas=(0.9, 0.95), eps=1e-6)" in out
+    # torch before 2.5 has no torch.optim.Adafactor
+    with pytest.raises(PatchError, match="torch.optim.Adafactor needs torch >= 2.5"):
+        _write(_with(tmp_path, {"torch": "2.4.1"}), {"optimizer": "adafactor"})
+    # a name no class is known for, and positional arguments beyond lr, are refused, never written blind
+    with pytest.raises(PatchError, match="no optimizer class is known"):
+        _write(_with(tmp_path, {"torch": "2.13.0"}), {"optimizer": "lion_32bit"})
+    positional = _with(tmp_path, {"torch": "2.13.0"}, OPTIM_SCRIPT.replace("lr=3e-4, betas=", "3e-4, "))
+    with pytest.raises(PatchError, match="by position"):
+        _write(positional, {"optimizer": "adafactor"})
+
+
+def _with(tmp_path: Path, packages: dict, text: str = OPTIM_SCRIPT) -> Document:
+    doc = _doc(tmp_path, "train.py", text)
+    doc.packages = packages
+    return doc
+
+
+def _save(tmp_path: Path, name: str, text: str) -> Path:
+    (tmp_path / name).write_text(text)
+    return tmp_path / name

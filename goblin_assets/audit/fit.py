@@ -105,9 +105,26 @@ def measured_peak(raw: RawRun) -> tuple[float, str]:
     return census["total_tensor_bytes"] + delta, f"live tensors at the step boundary (gc census) + {how}"
 
 
+def probe_runner(runner: Any) -> Any:
+    """The runner the probes run under: ``runner`` itself, or a copy whose address-space cap is lifted to the
+    machine's physical memory when the cap is lower.  A probe measures the step's memory and the cap is the
+    budget it is compared against (:func:`budget`): under the cap, a workload whose weights, gradients and
+    optimizer state alone do not fit would leave nothing to measure (``goblin fit`` could not say by how
+    much it does not fit).  A device's memory is never lifted."""
+    import copy
+
+    cap = getattr(runner, "mem_cap_gb", None)
+    physical_gib = psutil.virtual_memory().total / 1024**3
+    if cap is None or cap >= physical_gib:
+        return runner
+    lifted = copy.copy(runner)
+    lifted.mem_cap_gb = physical_gib
+    return lifted
+
+
 def probes(session: AuditSession, batches: tuple[int, ...] = PROBE_BATCHES) -> list[Probe]:
     """Run ``session``'s workload at each micro-batch of ``batches`` as a memory probe (profile mode, a few
-    steps; the copies are written first, then the probes run side by side)."""
+    steps; the copies are written first, then the probes run side by side, under :func:`probe_runner`)."""
     cfg_batch = session.training_config().batch_size
     variants = [session.what_if({"batch_size": b}) if b != cfg_batch else session for b in batches]
 
@@ -115,8 +132,8 @@ def probes(session: AuditSession, batches: tuple[int, ...] = PROBE_BATCHES) -> l
         v, b = vb
         from goblin_assets.runners.memory_probe import PROBE_ENV  # harness-side module: imports torch
 
-        return v.runner.run(v.workload, "profile", steps=PROBE_STEPS, warmup=PROBE_WARMUP, env={PROBE_ENV: "1"},
-                            label=f"fit-b{b}")
+        return probe_runner(v.runner).run(v.workload, "profile", steps=PROBE_STEPS, warmup=PROBE_WARMUP,
+                                          env={PROBE_ENV: "1"}, label=f"fit-b{b}")
 
     with ThreadPoolExecutor(max_workers=len(batches)) as pool:
         raws = list(pool.map(run, zip(variants, batches)))
@@ -158,7 +175,8 @@ def facts_from_probes(session: AuditSession, small: Probe, large: Probe) -> Fact
         batch_bytes_per_sample=c["batch_bytes"] / large.micro_batch, other_bytes=float(c["other_tensor_bytes"]),
         optimizer_state_measured=float(c["optimizer_state_bytes"]), grads_measured=float(c["grads_bytes"]),
         master_fp32=False, lora_rank=cfg.lora_rank, seq_len=cfg.seq_len,
-        checkpointing=bool(cfg.gradient_checkpointing), source="measured", notes=notes)
+        checkpointing=bool(cfg.gradient_checkpointing), source="measured", notes=notes,
+        factored_state_elements=c.get("adafactor_state_elements"))
 
 
 def budget(session: AuditSession, device: str | None, large: Probe | None) -> tuple[float | None, str]:
@@ -244,10 +262,12 @@ def fit_text(ans: dict[str, Any]) -> str:
         lines.append(f"  {t['name']:<20} {size_gb(t['bytes']):>16}  {t['provenance']:<12} {t['basis']}")
     good = [lv for lv in ans["levers"] if lv["fits"]]
     if ans["fits"] is False:
-        lines.append("levers that bring it under (global batch kept):" if good else "no single lever brings it under")
+        lines.append("levers that bring it under:" if good else "no single lever brings it under")
         for lv in good:
             ch = ", ".join(f"{k}={v}" for k, v in lv["change"].items())
-            lines.append(f"  {lv['lever']}: {ch} -> {size_gb(lv['peak_bytes'])} (global batch {lv['global_batch']})")
+            kept = "kept" if lv["global_batch"] == st["global_batch"] else f"changes from {st['global_batch']}"
+            lines.append(f"  {lv['lever']}: {ch} -> {size_gb(lv['peak_bytes'])} (global batch {lv['global_batch']}, "
+                         f"{kept})")
     lines += [f"  note: {n}" for n in ans.get("notes", [])]
     return "\n".join(lines)
 
@@ -270,6 +290,11 @@ def _split_fix(session: AuditSession) -> dict[str, Any] | None:
     ``session.not_observable["oom_fix"]``, when the probes fail or no split fits."""
     from goblin_assets.measure.memory_model import smallest_fitting_micro_batch
 
+    if _in_optimizer_step(session):
+        session.not_observable["oom_fix"] = (
+            "split: the original ran out of memory in its optimizer step, after backward had freed the "
+            "activations: a smaller micro-batch does not shrink the weights, gradients or optimizer state")
+        return None
     try:
         small, large = probes(session)
         facts = facts_from_probes(session, small, large)
@@ -279,7 +304,11 @@ def _split_fix(session: AuditSession) -> dict[str, Any] | None:
     limit, basis = budget(session, None, large)
     found = smallest_fitting_micro_batch(facts, FIX_BUDGET_SHARE * limit) if limit is not None else None
     if found is None:
-        session.not_observable["oom_fix"] = "no micro-batch split of the configured batch fits the budget"
+        one = step_memory(facts, micro_batch=1, grad_accum=facts.micro_batch * facts.grad_accum)
+        session.not_observable["oom_fix"] = (
+            "no micro-batch split of the configured batch fits the budget" + (
+                f" (micro-batch 1: predicted peak {size_gb(one.peak_bytes)} against {FIX_BUDGET_SHARE:.0%} of "
+                f"{size_gb(limit)})" if limit is not None and one.peak_bytes is not None else ""))
         return None
     mb, ga = found
     before = step_memory(facts)
@@ -294,59 +323,151 @@ def _split_fix(session: AuditSession) -> dict[str, Any] | None:
             "terms_before": before.as_dict()["terms"], "optimizer": facts.optimizer}
 
 
-def _checkpointing_fix(session: AuditSession, why_not_split: str) -> dict[str, Any] | None:
+def _checkpointing_fix(session: AuditSession, why_not: str) -> dict[str, Any] | None:
     """Gradient checkpointing written into the user's file and validated under the same cap, for when no
     micro-batch split fits or ran (KB rule ``memory.oom_gradient_checkpointing``); the micro-batch and the
-    accumulation are kept, so the global batch is.  None (the reason appended to ``session.not_observable
-    ["oom_fix"]``) when checkpointing is already on, undetermined, or the file has nothing that turns it on."""
+    accumulation are kept, so the global batch is.  None (the reason in ``session.not_observable
+    ["oom_fix"]``) when checkpointing is already on, the original ran out of memory in its optimizer step
+    (the activations are freed by then), or the file has nothing that turns it on.  ``why_not``: why the
+    levers tried before it were not the fix."""
     cfg = session.training_config()
-    on = cfg.gradient_checkpointing
     reason = None
-    if on is True:
+    if cfg.gradient_checkpointing is True:
         reason = "gradient checkpointing is already on"
+    elif _in_optimizer_step(session):
+        reason = "the original ran out of memory in its optimizer step, after backward had freed the activations"
     else:
         variant = session.what_if({"gradient_checkpointing": True})
         if variant is session or not variant.whatif_diff:
             reason = f"{cfg.source_file} has no setting that turns gradient checkpointing on"
     if reason is not None:
-        session.not_observable["oom_fix"] = f"{why_not_split}; checkpointing: {reason}"
+        session.not_observable["oom_fix"] = f"checkpointing: {reason}"
         return None
     variant, raw, sps = _validate(session, {"gradient_checkpointing": True}, "oom-fix-checkpointing")
-    mb, ga = cfg.batch_size, cfg.grad_accum_steps or 1
-    glob = mb * ga if mb is not None else None
+    glob = _global_batch(cfg)
     return {"lever": "gradient_checkpointing", "rule": OOM_RULES[1], "change": {"gradient_checkpointing": True},
-            "global_batch_before": glob, "global_batch_after": glob, "why_not_split": why_not_split,
+            "global_batch_before": glob, "global_batch_after": glob, "why_not_split": why_not,
             "predicted_peak_bytes_before": None, "predicted_peak_bytes": None, "budget_bytes": None,
-            "budget_basis": "not predicted: " + why_not_split, "diff": variant.whatif_diff, "ok": raw.ok,
+            "budget_basis": "not predicted: " + why_not, "diff": variant.whatif_diff, "ok": raw.ok,
             "failure": raw.failure, "samples_per_sec": sps, "run_dir": str(raw.run_dir), "facts_notes": [],
             "terms_before": [], "optimizer": cfg.optimizer}
+
+
+def _global_batch(cfg: Any) -> int | None:
+    mb, ga = cfg.batch_size, cfg.grad_accum_steps or 1
+    return mb * ga if mb is not None else None
+
+
+def _in_optimizer_step(session: AuditSession) -> bool:
+    """Whether the harness saw the original's failed allocation inside ``optimizer.step()``."""
+    return str((session.results.get("oom_state") or {}).get("phase") or "") == "optimizer step"
+
+
+def lower_memory_optimizers(session: AuditSession, device: str | None = None) -> tuple[list[str], list[str]]:
+    """The optimizers (Hugging Face ``optim`` names) with less state per element than the configured one that
+    the installed stack can construct, the closest to it first, and why others are left out.
+
+    An 8-bit AdamW (bitsandbytes; on ROCm only a release the KB allows, :func:`_installed_8bit`) keeps Adam's
+    update with quantized states, 2 B per element instead of 8 (Dettmers et al., 8-bit Optimizers via
+    Block-wise Quantization, ICLR 2022); Adafactor (torch.optim.Adafactor since torch 2.5, or the
+    Trainer's own) factors the second moment into a row and a column vector and keeps no first moment
+    (Shazeer and Stern, 2018).  Returns ``([], [reason])`` when the configured optimizer is undetermined or
+    keeps no more state than they do.
+    """
+    from goblin_assets.measure.memory_model import OPTIMIZER_STATES
+
+    cur = optimizer_key(session.training_config().optimizer)
+    if cur is None:
+        return [], [f"the configured optimizer ({session.training_config().optimizer!r}) has no known state size"]
+    per_element = OPTIMIZER_STATES[cur][0] * OPTIMIZER_STATES[cur][1]
+    out, why = [], []
+    ok8, why8 = _installed_8bit(session, device)
+    for name, key in (("adamw_bnb_8bit", "adamw_8bit"), ("adafactor", "adafactor")):
+        states, nbytes, _ = OPTIMIZER_STATES[key]
+        if states * nbytes >= per_element:
+            continue
+        if key == "adamw_8bit" and not ok8:
+            why.append(f"{name}: {why8}")
+            continue
+        out.append(name)
+    if not out and not why:
+        why.append(f"the configured optimizer ({cur}) keeps no more state per element than the lower-memory ones")
+    return out, why
+
+
+def _optimizer_fix(session: AuditSession, why_not: str) -> dict[str, Any] | None:
+    """A lower-memory optimizer (:func:`lower_memory_optimizers`) written into the user's file and validated
+    under the same cap (KB rule ``memory.oom_lower_memory_optimizer``); micro-batch and accumulation kept.
+    The first that ran is returned, else the first that failed; None (the reason in ``session.not_observable
+    ["oom_fix"]``) when none is installed or none can be written into the file."""
+    from goblin_assets.errors import PatchError
+
+    cfg = session.training_config()
+    if not why_not and _in_optimizer_step(session):
+        why_not = ("the allocation failed inside the optimizer step, after backward had freed the activations: "
+                   "a smaller micro-batch or checkpointing cannot help")
+    names, reasons = lower_memory_optimizers(session)
+    failed = None
+    for name in names:
+        try:
+            variant = session.what_if({"optimizer": name})
+        except (PatchError, GoblinError) as exc:
+            reasons.append(f"{name}: {exc}")
+            continue
+        if variant is session or not variant.whatif_diff:
+            reasons.append(f"{name}: {cfg.source_file} has no setting that chooses the optimizer")
+            continue
+        variant, raw, sps = _validate(session, {"optimizer": name}, f"oom-fix-{name}")
+        glob = _global_batch(cfg)
+        fix = {"lever": "optimizer", "rule": OOM_RULES[2], "change": {"optimizer": name},
+               "global_batch_before": glob, "global_batch_after": glob, "why_not_split": why_not,
+               "predicted_peak_bytes_before": None, "predicted_peak_bytes": None, "budget_bytes": None,
+               "budget_basis": "not predicted: " + (why_not or "validated by running it"),
+               "diff": variant.whatif_diff, "ok": raw.ok, "failure": raw.failure, "samples_per_sec": sps,
+               "run_dir": str(raw.run_dir), "facts_notes": [], "terms_before": [], "optimizer": cfg.optimizer}
+        if raw.ok:
+            return fix
+        failed = failed or fix
+    if failed is None:
+        session.not_observable["oom_fix"] = "lower-memory optimizer: " + ("; ".join(reasons) or "none applies")
+    return failed
 
 
 def oom_fix(session: AuditSession) -> dict[str, Any] | None:
     """The fix of an out-of-memory original that keeps its training, validated under the same memory limit.
 
-    First the memory model's micro-batch split (KB rule ``memory.oom_split_micro_batch``): the micro-batch
-    is halved (the accumulation doubled, so the global batch stays) until the model's predicted peak fits
-    :data:`FIX_BUDGET_SHARE` of the same budget the original ran under.  When the probes cannot run (a
-    micro-batch of 2 already fails), no split fits, or the split fails too, gradient checkpointing (KB rule
-    ``memory.oom_gradient_checkpointing``) is written into the user's file instead, when the file has a
-    setting for it.  The patched copy is written as a what-if and run under the same runner (the same memory
-    cap) in benchmark mode.
+    The levers, each validated before the next is tried: the memory model's micro-batch split (KB rule
+    ``memory.oom_split_micro_batch``: the micro-batch halved, the accumulation doubled, so the global batch
+    stays, until the predicted peak fits :data:`FIX_BUDGET_SHARE` of the same budget); gradient
+    checkpointing (``memory.oom_gradient_checkpointing``) when the file has a setting for it; a
+    lower-memory optimizer the installed stack supports (``memory.oom_lower_memory_optimizer``: an 8-bit
+    AdamW, then Adafactor).  When the harness saw the failure inside the optimizer step the optimizer is
+    tried first (activations are freed by then; the split and checkpointing cannot help).  Each patched
+    copy is written as a what-if and run under the same runner (the same memory cap) in benchmark mode.
 
-    Returns ``{"lever" (micro_batch | gradient_checkpointing), "rule", "change", "global_batch_before",
-    "global_batch_after", "predicted_peak_bytes" (None: not predicted), "budget_bytes", "diff", "ok",
-    "failure", "samples_per_sec", ...}``: the first fix that ran, else the split that failed; None when
-    neither could be tried (the reasons in ``session.not_observable["oom_fix"]``).
+    Returns ``{"lever" (micro_batch | gradient_checkpointing | optimizer), "rule", "change",
+    "global_batch_before", "global_batch_after", "predicted_peak_bytes" (None: not predicted),
+    "budget_bytes", "diff", "ok", "failure", "samples_per_sec", "why_not_split" (why the levers tried
+    before it were not the fix), ...}``: the first fix that ran, else the first that failed; None when none
+    could be tried (the reasons in ``session.not_observable["oom_fix"]``).
     """
-    split = _split_fix(session)
-    if split is not None and split["ok"]:
-        return split
-    why = session.not_observable.get("oom_fix") if split is None else f"the split failed too ({split['failure']})"
-    ck = _checkpointing_fix(session, why)
-    if ck is not None and (ck["ok"] or split is None):
-        session.not_observable.pop("oom_fix", None)
-        return ck
-    return split
+    order = (_split_fix, _checkpointing_fix, _optimizer_fix)
+    if _in_optimizer_step(session):
+        order = (_optimizer_fix, _split_fix, _checkpointing_fix)
+    reasons: list[str] = []
+    first_failed = None
+    for attempt in order:
+        why = "; ".join(reasons)
+        fix = attempt(session) if attempt is _split_fix else attempt(session, why)
+        if fix is None:
+            reasons.append(session.not_observable.pop("oom_fix", f"{attempt.__name__}: not tried"))
+            continue
+        if fix["ok"]:
+            return fix
+        first_failed = first_failed or fix
+        reasons.append(f"the {fix['lever']} fix failed too ({fix['failure']})")
+    session.not_observable["oom_fix"] = "; ".join(reasons)
+    return first_failed
 
 
 def _consumers(state: dict[str, Any] | None) -> list[str]:
@@ -369,8 +490,8 @@ def _consumers(state: dict[str, Any] | None) -> list[str]:
     return out
 
 
-#: The KB rules the out-of-memory fix applies (kb/rocm_rules.yaml): the split, and checkpointing when none fits.
-OOM_RULES = ("memory.oom_split_micro_batch", "memory.oom_gradient_checkpointing")
+#: The KB rules the out-of-memory fix applies (kb/rocm_rules.yaml): the split, checkpointing, a lower-memory optimizer.
+OOM_RULES = ("memory.oom_split_micro_batch", "memory.oom_gradient_checkpointing", "memory.oom_lower_memory_optimizer")
 
 
 def _cite(rules: dict[str, Any] | None, rid: str) -> str:
@@ -419,6 +540,11 @@ def oom_report_lines(state: dict[str, Any] | None, fix: dict[str, Any] | None, w
         lines += ["| term | before | provenance |", "|---|---|---|"]
         lines += [f"| {t['name']} | {size_gb(t['bytes'])} | {t['provenance']} |" for t in fix["terms_before"]]
         lines += [""]
+    elif fix["lever"] == "optimizer":
+        lines += [f"Use a lower-memory optimizer: {ch} (was {fix['optimizer']}); the micro-batch and the "
+                  f"accumulation stay, so the global batch stays {fix['global_batch_before']} "
+                  f"({_cite(rules, OOM_RULES[2])}). This changes the update rule: compare the loss curves before "
+                  f"you keep it. Not the split or checkpointing: {fix['why_not_split']}.", ""]
     else:
         lines += [f"Turn on gradient checkpointing: {ch}; the micro-batch and the accumulation stay, so the global "
                   f"batch stays {fix['global_batch_before']} ({_cite(rules, OOM_RULES[1])}). No micro-batch split "

@@ -111,7 +111,7 @@ SKETCH_WARMUP = 1
 RUNS_OF_THE_ORIGINAL: tuple[str, ...] = ("profile_run", "tensor_sketches", "benchmarks")
 
 #: Distributions whose installed version decides which config keys a patch may write (version-gated keys).
-PATCH_PACKAGES: tuple[str, ...] = ("transformers", "torch", "peft", "trl")
+PATCH_PACKAGES: tuple[str, ...] = ("transformers", "torch", "peft", "trl", "bitsandbytes")
 
 
 class WhatIfError(GoblinError):

@@ -475,6 +475,26 @@ OPTIMIZER_CLASSES: dict[str, str] = {
     "Adafactor": "adafactor", "AdamW8bit": "adamw_bnb_8bit", "PagedAdamW": "paged_adamw_32bit",
     "PagedAdamW32bit": "paged_adamw_32bit", "PagedAdamW8bit": "paged_adamw_8bit", "Lion": "lion_32bit",
 }
+#: Hugging Face ``optim`` name -> the class a Python script constructs for it, the installed version it needs
+#: (``(distribution, min, max)``, max exclusive), and the keywords carried over from the constructor it
+#: replaces (the others mean something else there, or nothing).  Sources: the signatures in torch.optim
+#: (Adafactor since torch 2.5, its ``eps`` a pair, its ``lr`` the cap of the relative step) and
+#: bitsandbytes.optim (AdamW8bit, PagedAdamW8bit: lr, betas, eps, weight_decay, amsgrad).
+OPTIMIZER_CONSTRUCTORS: dict[str, tuple[str, tuple[str, str | None, str | None] | None, tuple[str, ...]]] = {
+    "adafactor": ("torch.optim.Adafactor", ("torch", "2.5", None), ("params", "lr", "weight_decay", "maximize",
+                                                                      "foreach")),
+    "sgd": ("torch.optim.SGD", None, ("params", "lr", "weight_decay", "maximize", "foreach")),
+    "adamw_torch": ("torch.optim.AdamW", None, ("params", "lr", "betas", "eps", "weight_decay", "amsgrad",
+                                                "maximize", "foreach")),
+    "adamw_bnb_8bit": ("bitsandbytes.optim.AdamW8bit", ("bitsandbytes", None, None),
+                       ("params", "lr", "betas", "eps", "weight_decay", "amsgrad")),
+    "paged_adamw_8bit": ("bitsandbytes.optim.PagedAdamW8bit", ("bitsandbytes", None, None),
+                         ("params", "lr", "betas", "eps", "weight_decay", "amsgrad")),
+}
+#: Default ``weight_decay`` of the optimizer classes (torch.optim signatures): a replaced AdamW that relied on
+#: its 0.01 states it on the new class, whose own default may differ (Adafactor's is 0.0).
+OPTIMIZER_WEIGHT_DECAY_DEFAULTS: dict[str, float] = {"AdamW": 0.01, "Adam": 0.0, "SGD": 0.0, "Adafactor": 0.0,
+                                                     "AdamW8bit": 0.01, "PagedAdamW8bit": 0.01}
 #: torchtitan ``optimizer.implementation`` -> suffix of the HF name (default
 #: "fused"; torchtitan v0.2.2 job_config.py Optimizer).
 TITAN_IMPLEMENTATION_DEFAULT = "fused"

@@ -119,7 +119,9 @@ class Facts:
     and ``step_transient`` the slope and intercept of the probes' in-step peak
     (None: not measured); ``batch_bytes_per_sample``; ``other_bytes``;
     ``master_fp32``: 16-bit weights trained with fp32 master copies;
-    ``layers``/``hidden``/``heads``/``seq_len``: a transformer's dimensions when known.
+    ``layers``/``hidden``/``heads``/``seq_len``: a transformer's dimensions when known;
+    ``factored_state_elements``: Adafactor's second-moment elements for the trainable parameters (the
+    census's ``adafactor_state_elements``; None: unknown, one state per element is assumed).
     """
 
     params_bytes_by_dtype: dict[str, float]
@@ -143,6 +145,7 @@ class Facts:
     checkpointing: bool = False
     source: str = "measured"
     notes: list[str] = field(default_factory=list)
+    factored_state_elements: int | None = None
 
 
 def optimizer_key(name: str | None) -> str | None:
@@ -158,17 +161,29 @@ def optimizer_key(name: str | None) -> str | None:
 
 
 def optimizer_state_bytes(trainable_params: int, optimizer: str | None, world_size: int = 1,
-                          zero_stage: int = 0) -> tuple[float | None, str]:
-    """Device bytes of the optimizer state for ``trainable_params`` elements, and the basis; None if unknown."""
+                          zero_stage: int = 0, factored_elements: int | None = None) -> tuple[float | None, str]:
+    """Device bytes of the optimizer state for ``trainable_params`` elements, and the basis; None if unknown.
+
+    Adafactor with ``factored_elements`` known keeps 4 B for each of them (its factored second moment, no
+    first moment: Shazeer and Stern 2018; ``memory_probe.factored_elements``); without it, one state per
+    element (the unfactored upper bound).
+    """
     key = optimizer_key(optimizer)
     if key is None:
         return None, f"optimizer {optimizer!r}: its state per element is undetermined"
     n, size, on_device = OPTIMIZER_STATES[key]
     b = float(trainable_params * n * size) if on_device else 0.0
+    basis = f"{key}: {n} state(s) x {size} B per trainable element"
+    if key == "adafactor" and factored_elements is not None:
+        b = float(factored_elements * size)
+        basis = (f"adafactor: factored second moment, {factored_elements:,} elements x {size} B (a row and a column "
+                 "vector per matrix, no first moment)")
+    elif key == "adafactor":
+        basis += " (an upper bound: the factoring of matrices is not known here)"
     if zero_stage >= 1:
         b /= world_size
     where = "" if on_device else " (paged: kept in host memory, 0 on the device)"
-    return b, f"{key}: {n} state(s) x {size} B per trainable element{where}"
+    return b, basis + where
 
 
 def activations_from_dims(f: Facts, micro_batch: int, checkpointing: bool) -> tuple[float | None, str]:
@@ -216,7 +231,10 @@ def step_memory(f: Facts, micro_batch: int | None = None, grad_accum: int | None
     grads = trainable_bytes
     terms.append(Term("gradients", grads, src if f.grads_measured is None or lora_rank is None else "modelled",
                       f"trainable parameters only: {trainable:,} elements"))
-    state, basis = optimizer_state_bytes(trainable, opt, world_size, zero_stage)
+    factored = f.factored_state_elements
+    if factored is not None and lora_rank and f.lora_rank:
+        factored = int(factored * lora_rank / f.lora_rank)
+    state, basis = optimizer_state_bytes(trainable, opt, world_size, zero_stage, factored)
     prov = "modelled"
     if (f.optimizer_state_measured is not None and opt == f.optimizer and not lora_rank and not zero_stage):
         state, prov, basis = f.optimizer_state_measured, src, basis + " (as the probe counted)"
@@ -260,8 +278,11 @@ def levers(f: Facts, budget: float, world_sizes: tuple[int, ...] = (2, 4, 8),
     Tried, each alone: the micro-batch halved (and halved again, while it is
     >= 1) with the accumulation doubled; gradient checkpointing; each
     lower-state optimizer (8-bit ones only when ``installed_8bit``); a LoRA
-    rank half the configured one; ZeRO stages 1-3 over ``world_sizes``.  A
-    lever whose prediction is undetermined is listed with ``fits`` None.
+    rank half the configured one; ZeRO stages 1-3 over ``world_sizes``, the
+    accumulation (else the micro-batch) divided by the world size when it
+    divides, so the global batch stays (each lever's ``global_batch`` says
+    when it cannot).  A lever whose prediction is undetermined is listed
+    with ``fits`` None.
     """
     out: list[dict[str, Any]] = []
 
@@ -294,9 +315,17 @@ def levers(f: Facts, budget: float, world_sizes: tuple[int, ...] = (2, 4, 8),
     if f.seq_len and f.seq_len > 16:
         add("seq_len", {"seq_len": f.seq_len // 2}, step_memory(f, seq_len=f.seq_len // 2))
     for n in world_sizes:
+        # n data-parallel ranks multiply the global batch by n: the accumulation (else the micro-batch) is
+        # divided by n to keep it, when it divides; otherwise the lever changes the global batch and says so
+        keep: dict[str, int] = {}
+        if ga % n == 0:
+            keep = {"grad_accum_steps": ga // n}
+        elif mb % n == 0:
+            keep = {"batch_size": mb // n}
         for stage in (1, 2, 3):
-            add(f"zero_stage_{stage}", {"world_size": n, "zero_stage": stage},
-                step_memory(f, world_size=n, zero_stage=stage))
+            add(f"zero_stage_{stage}", {"world_size": n, "zero_stage": stage, **keep},
+                step_memory(f, micro_batch=keep.get("batch_size"), grad_accum=keep.get("grad_accum_steps"),
+                            world_size=n, zero_stage=stage))
     return out
 
 

@@ -150,11 +150,84 @@ class PythonWriter(TextWriter):
         self.edits.add(at, at, prefix + new)
 
     # -- the SourceWriter methods ------------------------------------------------------------------
+    def rewrite(self, fld: str, value: Any) -> bool:
+        """:meth:`TextWriter.rewrite`, and for ``optimizer`` the script's own optimizer constructors too."""
+        stating = super().rewrite(fld, value)
+        if fld == "optimizer":
+            stating = self._rewrite_optimizer(value) or stating
+        return stating
+
+    def optimizer_calls(self) -> list[ast.Call]:
+        """The optimizer constructors the script calls (the parser's test: a class of ``fields.OPTIMIZER_CLASSES``
+        under an ``optim`` module or bitsandbytes)."""
+        out = []
+        for c in self.calls:
+            full = dotted(c.func)
+            tail = full.rsplit(".", 1)[-1]
+            if tail in F.OPTIMIZER_CLASSES and ("optim" in full.split(".")[:-1] or full.startswith(
+                    ("bnb.", "bitsandbytes.")) or self._imported_from_optim(tail)):
+                out.append(c)
+        return out
+
+    def _imported_from_optim(self, name: str) -> bool:
+        return any(isinstance(n, ast.ImportFrom) and n.module and "optim" in n.module.split(".")
+                   and any((a.asname or a.name) == name for a in n.names) for n in ast.walk(self.tree))
+
+    def _rewrite_optimizer(self, value: Any) -> bool:
+        """Replace each optimizer constructor by the class of ``value`` (``fields.OPTIMIZER_CONSTRUCTORS``).
+
+        The callee becomes the new class's full path (its top module imported
+        when the script does not); keywords the new class does not take in the
+        same sense are removed; a ``weight_decay`` the old class applied by
+        default is stated when the new class's default differs.  False when
+        the script constructs no optimizer.  Raises PatchError for a name no
+        class is known for, a class the installed packages lack, and a call
+        passing more than the parameters and lr by position or ``**kwargs``.
+        """
+        calls = self.optimizer_calls()
+        if not calls:
+            return False
+        target = F.OPTIMIZER_CONSTRUCTORS.get(str(value))
+        if target is None:
+            raise PatchError(f"{self.doc.name}: no optimizer class is known to construct optim={value!r} in a "
+                             f"Python script (known: {', '.join(F.OPTIMIZER_CONSTRUCTORS)})")
+        path, requires, keeps = target
+        if not packages_ok(requires, self.doc.packages) or (
+                requires and requires[0] in self.doc.packages and self.doc.packages[requires[0]] is None):
+            dist, lo, _ = requires
+            raise PatchError(f"{path} needs {dist}" + (f" >= {lo}" if lo else "") + ", and the installed "
+                             f"version is {self.doc.packages.get(dist) or 'none'}")
+        new_tail = path.rsplit(".", 1)[-1]
+        for call in calls:
+            old = dotted(call.func)
+            if len(call.args) > 2 or any(kw.arg is None for kw in call.keywords):
+                raise PatchError(f"{old}(...) line {call.lineno} passes more than the parameters and lr by "
+                                 f"position, or **kwargs: they cannot be carried over to {path}")
+            a, b = self.t.node_offsets(call.func)
+            self.edits.add(a, b, path)
+            args = sorted([*call.args, *call.keywords], key=lambda n: (n.lineno, n.col_offset))
+            for i, kw in enumerate(args):
+                if isinstance(kw, ast.keyword) and kw.arg not in keeps:
+                    if i == 0:
+                        raise PatchError(f"{old}(...) line {call.lineno} starts with {kw.arg}=, which {path} "
+                                         "does not take")
+                    self.edits.add(self.t.node_offsets(args[i - 1])[1], self.t.node_offsets(kw)[1], "")
+            old_tail = old.rsplit(".", 1)[-1]
+            wd_old = F.OPTIMIZER_WEIGHT_DECAY_DEFAULTS.get(old_tail)
+            if "weight_decay" in keeps and self.keyword(call, "weight_decay") is None and wd_old is not None \
+                    and wd_old != F.OPTIMIZER_WEIGHT_DECAY_DEFAULTS.get(new_tail):
+                self.add_keyword(call, "weight_decay", repr(wd_old))
+        top = path.split(".")[0]
+        if not self.imported(top) and f"import {top}" not in self.imports:
+            self.imports.append(f"import {top}")
+        return True
+
     def insert(self, fld: str, value: Any) -> None:
         """Add ``fld = value`` to a script that never writes it (fields.PY_INSERT / PY_STATEMENTS)."""
         tried = []
         for pattern, kw, conv, requires in F.PY_INSERT.get(fld, []):
-            if not packages_ok(requires, self.doc.packages):
+            if not packages_ok(requires, self.doc.packages) or (
+                requires and requires[0] in self.doc.packages and self.doc.packages[requires[0]] is None):
                 tried.append(f"{kw}= needs {requires[0]} in its version range")
                 continue
             out, states = render_value(conv, value)

@@ -27,6 +27,7 @@ user's interpreter needs nothing of Goblin installed).
 from __future__ import annotations
 
 import gc
+import math
 import os
 import pickle
 import warnings
@@ -79,6 +80,16 @@ def _is_tensor(o) -> bool:
         return False
 
 
+def factored_elements(shape: tuple[int, ...]) -> int:
+    """Elements of Adafactor's second moment for a parameter of ``shape``: for 2 or more dimensions a row
+    factor (``shape[:-1]``) and a column factor (``shape[:-2] + shape[-1:]``), else the full tensor.  As
+    ``torch.optim.Adafactor`` (torch 2.5+, ``row_var``/``col_var``) and transformers' Adafactor
+    (``exp_avg_sq_row``/``exp_avg_sq_col``) keep it (Shazeer and Stern, 2018, section 3)."""
+    if len(shape) < 2:
+        return math.prod(shape)
+    return math.prod(shape[:-1]) + math.prod(shape[:-2]) * shape[-1]
+
+
 def tensor_census(optimizers: list, batch: set[int] | None = None, top: int = TOP_TENSORS) -> dict:
     """Live tensor memory of this process now, by role; bytes, each storage counted once.
 
@@ -95,7 +106,9 @@ def tensor_census(optimizers: list, batch: set[int] | None = None, top: int = TO
         ``params_bytes_by_dtype`` ({dtype: bytes}, all ``nn.Parameter``
         objects), ``trainable_param_bytes`` / ``frozen_param_bytes`` and
         ``trainable_params`` / ``frozen_params`` (element counts, by
-        ``requires_grad``), ``grads_bytes``, ``optimizer_state_bytes`` (and
+        ``requires_grad``), ``adafactor_state_elements`` (the second moment
+        Adafactor would keep for the trainable parameters,
+        :func:`factored_elements`), ``grads_bytes``, ``optimizer_state_bytes`` (and
         ``optimizer_state_bytes_by_dtype``), ``optimizer_classes``,
         ``batch_bytes``, ``other_tensor_bytes`` (every other live tensor:
         buffers, activations a frame holds), ``total_tensor_bytes``, and
@@ -108,7 +121,8 @@ def tensor_census(optimizers: list, batch: set[int] | None = None, top: int = TO
     largest: list[dict] = []
     out = {"params_bytes_by_dtype": {}, "trainable_param_bytes": 0, "frozen_param_bytes": 0,
            "trainable_params": 0, "frozen_params": 0, "grads_bytes": 0, "optimizer_state_bytes": 0,
-           "optimizer_state_bytes_by_dtype": {}, "batch_bytes": 0, "other_tensor_bytes": 0}
+           "optimizer_state_bytes_by_dtype": {}, "batch_bytes": 0, "other_tensor_bytes": 0,
+           "adafactor_state_elements": 0}
 
     def count(t: torch.Tensor, role: str) -> int:
         st = _storage(t)
@@ -130,6 +144,8 @@ def tensor_census(optimizers: list, batch: set[int] | None = None, top: int = TO
         key = "trainable" if p.requires_grad else "frozen"
         out[f"{key}_param_bytes"] += n
         out[f"{key}_params"] += p.numel()
+        if p.requires_grad and n:
+            out["adafactor_state_elements"] += factored_elements(tuple(p.shape))
     for p in params:
         if p.grad is not None:
             out["grads_bytes"] += count(p.grad, "gradient")

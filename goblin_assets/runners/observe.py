@@ -75,6 +75,31 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
 
 
+def _number(v):
+    """An optimizer hyperparameter as JSON numbers: a float, a one-element tensor's value (torch accepts
+    ``lr=torch.tensor(1e-3)``), a list of those for a tuple (``betas``; Adafactor's ``eps`` pair, whose None
+    stays None); anything else None (not a number the schema can hold)."""
+    if isinstance(v, bool) or v is None:
+        return None
+    if isinstance(v, (int, float)):
+        return float(v)
+    if isinstance(v, torch.Tensor) and v.numel() == 1:
+        return float(v.detach().cpu().item())
+    if isinstance(v, (list, tuple)):
+        return [_number(x) for x in v]
+    return None
+
+
+def _scalar(v):
+    n = _number(v)
+    return n if not isinstance(n, list) else None
+
+
+def _list(v):
+    n = _number(v)
+    return n if isinstance(n, list) else None
+
+
 def _plain(v):
     """A JSON-able copy of a setting: numbers, strings, bools, None, lists of those; an object whose repr is only
     its address (``<...Strategy object at 0x...>``) as its class's dotted name; else its repr."""
@@ -449,9 +474,9 @@ class Observer:
         groups = []
         for g in opt.param_groups:
             groups.append(dict(
-                lr=_plain(g.get("initial_lr", g.get("lr"))), lr_now=_plain(g.get("lr")),
-                betas=_plain(g.get("betas")), momentum=_plain(g.get("momentum")),
-                weight_decay=_plain(g.get("weight_decay")), eps=_plain(g.get("eps")),
+                lr=_scalar(g.get("initial_lr", g.get("lr"))), lr_now=_scalar(g.get("lr")),
+                betas=_list(g.get("betas")), momentum=_scalar(g.get("momentum")),
+                weight_decay=_scalar(g.get("weight_decay")), eps=_number(g.get("eps")),
                 params=sum(1 for p in g["params"] if isinstance(p, torch.Tensor))))
         g0 = opt.param_groups[0] if opt.param_groups else {}
         cls = type(opt)

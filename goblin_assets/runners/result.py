@@ -141,16 +141,17 @@ class ObservedLoader(BaseModel):
 
 class ObservedGroup(BaseModel):
     """One parameter group of an optimizer at its first step: ``lr`` the base (``initial_lr`` of a scheduler,
-    else ``lr``), ``lr_now`` the value at that step, ``params`` its tensors."""
+    else ``lr``), ``lr_now`` the value at that step, ``params`` its tensors.  ``eps`` is a pair for
+    ``torch.optim.Adafactor`` (``(None, 1e-3)``: eps1 None means the dtype's own epsilon)."""
 
     model_config = ConfigDict(extra="forbid")
 
     lr: float | None = None
     lr_now: float | None = None
-    betas: list[float] | None = None
+    betas: list[float | None] | None = None
     momentum: float | None = None
     weight_decay: float | None = None
-    eps: float | None = None
+    eps: float | list[float | None] | None = None
     params: int = Field(ge=0)
 
 
