@@ -104,13 +104,17 @@ def test_minilm_audit_end_to_end(tmp_path, minilm_audit):
     # benchmark's question), so the offer is the rest
     applied = {a.rule_id for a in res.patch().applied}
     slower = {r["rule_id"] for r in res.results.get("rule_isolation", []) if r["slower"]}
-    assert "data.dynamic_padding" in applied and not applied & slower
+    # (either rule can be the one measured slower alone on a loaded machine: a fresh clone's run dropped
+    # dynamic padding once, 2026-12-06; which one wins is a benchmark's question, never this test's)
+    assert applied and not applied & slower
     assert applied | slower == {"data.dynamic_padding", "attention.eager_to_sdpa"}, (applied, slower)
     for rid in slower:
         assert any(d.startswith(f"{rid}:") and "not recommended: measured alone" in d for d in res.patch().dropped)
     for a in res.patch().applied:
         assert a.citation == kb.by_id[a.rule_id].citation and a.citation.url.startswith("https://")
-    assert res.profile_run().padding_share > 0.3 and res.patched_run().padding_share < 0.15
+    assert res.profile_run().padding_share > 0.3
+    if "data.dynamic_padding" in applied:
+        assert res.patched_run().padding_share < 0.15
 
     # the diff applies to the user's own folder (git apply and patch -p1)
     patched = Path(res.patch().patched_file).read_text()
@@ -136,5 +140,7 @@ def test_minilm_audit_end_to_end(tmp_path, minilm_audit):
     html = write_html(rep, tmp_path / "report.html")
     page = html.read_text()
     assert len(re.findall(r"data:image/png;base64,", page)) == 2
-    assert "data.dynamic_padding" in page and "DataCollatorWithPadding" in page
+    assert "data.dynamic_padding" in page    # applied (with its DataCollatorWithPadding) or listed as not applied
+    if "data.dynamic_padding" in applied:
+        assert "DataCollatorWithPadding" in page
     assert (res.report_path.parent / "report.html").is_file()
