@@ -36,7 +36,7 @@ SETTINGS = AuditSettings(bench_budget_s=12, profiled_steps=3, bench_steps=8, ben
 PROFILED = ("buckets", "metrics", "before_step_time_s", "after_step_time_s", "predicted_low", "predicted_high",
             "confidence", "evidence_coverage", "rule_consistency", "consistency_notes", "warnings", "provenance",
             "created_at", "cache_hits", "profiled_speedup", "reconciliation", "calibration", "signals",
-            "tensor_markdown", "tensor_html",
+            "tensor_markdown", "tensor_html", "step_outliers",
             # the interval and the verdict say "replayed from the cache" for the second audit's benchmark
             "measured_interval", "verdict")
 
